@@ -1,0 +1,102 @@
+"""Download and cache the pinned upstream artifacts (verl sdist, vllm / transformers wheels)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+
+class DownloadError(RuntimeError):
+    """An artifact could not be fetched from the package index (message says what to do)."""
+
+
+class ChecksumError(RuntimeError):
+    """A downloaded artifact does not match the sha256 recorded in the manifest."""
+
+
+def cache_dir() -> Path:
+    """Where downloads are kept across clones: $RECIPES_CACHE, else ~/.cache/ascend-rl-recipes."""
+    root = os.environ.get("RECIPES_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ascend-rl-recipes"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _pip_download(requirement: str, dest: Path, binary: bool, timeout: int) -> None:
+    args = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(dest)]
+    args += ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
+    args.append(requirement)
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise DownloadError(f"pip download {requirement} timed out after {timeout}s; check the network") from exc
+    if proc.returncode != 0:
+        last = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        reason = last[-1].strip() if last else f"exit {proc.returncode}"
+        raise DownloadError(f"cannot download {requirement} from the package index ({reason}); check the network")
+
+
+def fetch_file(pattern: str, requirement: str, *, binary: bool, sha256: str | None = None, timeout: int = 1800) -> Path:
+    """Return the cached file matching glob `pattern`, downloading `requirement` with pip on a miss."""
+    hits = sorted(cache_dir().glob(pattern))
+    if hits:
+        target = hits[0]
+    else:
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".dl-") as tmp:
+            _pip_download(requirement, Path(tmp), binary, timeout)
+            got = sorted(Path(tmp).glob(pattern))
+            if not got:
+                names = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"
+                raise DownloadError(f"pip fetched {names} for {requirement}, expected {pattern}")
+            target = cache_dir() / got[0].name
+            os.replace(got[0], target)  # atomic: a cached file is always complete
+    if sha256 is not None:
+        actual = sha256_of(target)
+        if actual != sha256:
+            raise ChecksumError(
+                f"{target} has sha256 {actual}, the manifest pins {sha256}; delete it and fetch again"
+            )
+    return target
+
+
+def verl_sdist(version: str, sha256: str) -> Path:
+    """The verl source distribution, sha256-checked."""
+    return fetch_file(f"verl-{version}.tar.gz", f"verl=={version}", binary=False, sha256=sha256)
+
+
+def wheel(name: str, version: str) -> Path:
+    """A binary wheel from the package index (not installed, only read)."""
+    stem = name.replace("-", "_")
+    return fetch_file(f"{stem}-{version}-*.whl", f"{name}=={version}", binary=True)
+
+
+def unpack_sdist(archive: Path, dest: Path) -> Path:
+    """Unpack a source distribution into `dest` (must not exist) and return `dest`."""
+    dest = Path(dest)
+    if dest.exists():
+        raise FileExistsError(f"{dest} already exists")
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".unpack-") as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tops = list(Path(tmp).iterdir())
+        if len(tops) != 1 or not tops[0].is_dir():
+            raise DownloadError(f"{archive.name} does not hold a single top-level folder")
+        shutil.move(str(tops[0]), str(dest))
+    return dest

@@ -1,0 +1,78 @@
+"""Shared fixtures: the real upstream artifacts, downloaded once into the cache.
+
+When the package index cannot be reached the fixture skips the test with the reason;
+it never lets a test pass without the artifact.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import artifacts  # noqa: E402
+
+QWEN_MANIFEST = REPO / "llm_rl" / "qwen2_5" / "recipe.toml"
+
+
+def _pin() -> dict:
+    with open(QWEN_MANIFEST, "rb") as fh:
+        return tomllib.load(fh)["upstream"]
+
+
+def _get(what: str, fn, *args) -> Path:
+    try:
+        return fn(*args)
+    except artifacts.DownloadError as exc:
+        pytest.skip(f"{what} unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root."""
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def verl_sdist_path() -> Path:
+    """The pinned verl source distribution (sha256 checked)."""
+    pin = _pin()
+    return _get("verl sdist", artifacts.verl_sdist, pin["version"], pin["sdist_sha256"])
+
+
+@pytest.fixture(scope="session")
+def _pristine_verl_master(tmp_path_factory, verl_sdist_path) -> Path:
+    dest = tmp_path_factory.mktemp("verl-master") / f"verl-{_pin()['version']}"
+    return artifacts.unpack_sdist(verl_sdist_path, dest)
+
+
+@pytest.fixture
+def verl_tree(tmp_path, _pristine_verl_master) -> Path:
+    """A fresh, writable copy of the unpacked pristine verl 0.6.0 tree (contains verl/)."""
+    dest = tmp_path / "verl-tree"
+    shutil.copytree(_pristine_verl_master, dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def pristine_verl(_pristine_verl_master) -> Path:
+    """The unpacked pristine verl 0.6.0 tree, shared: read it, never write to it."""
+    return _pristine_verl_master
+
+
+@pytest.fixture(scope="session")
+def vllm_wheel() -> Path:
+    """The real vllm 0.13.0 wheel (read as a zip, not installed)."""
+    return _get("vllm 0.13.0 wheel", artifacts.wheel, "vllm", "0.13.0")
+
+
+@pytest.fixture(scope="session")
+def transformers_wheel() -> Path:
+    """The real transformers 4.57.6 wheel (read as a zip, not installed)."""
+    return _get("transformers 4.57.6 wheel", artifacts.wheel, "transformers", "4.57.6")
