@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import overlay
 import pytest
+
+import overlay
 
 SCRIPT = Path(overlay.__file__)
 PIN = overlay.load_recipe("qwen2_5")
@@ -336,3 +337,22 @@ def test_fetch_from_sdist_and_refusals(tmp_path, verl_sdist_path, pristine_verl)
     (dest / "verl/version/version").write_text("0.5.0\n")
     other = cli("fetch", recipe, "--dest", dest)
     assert other.returncode == 1 and "0.5.0" in other.stderr
+
+
+def test_apply_patches_sh_wrapper(tmp_path, verl_tree, two_patches):
+    script = SCRIPT.parent / "apply_patches.sh"
+    recipe = make_recipe(tmp_path, two_patches)
+    env = {**os.environ, "PYTHON": sys.executable}
+    before = tree_hash(verl_tree)
+
+    def run(*args):
+        return subprocess.run(["bash", str(script), *map(str, args)], capture_output=True, text=True, env=env)
+
+    assert run().returncode == 2
+    assert run("--help").returncode == 0
+    applied = run(recipe, "--target", verl_tree)
+    assert applied.returncode == 0 and "applied 2 of 2" in applied.stdout, applied.stderr
+    assert run(recipe, "--target", verl_tree).stdout.count("nothing to do") == 1
+    reverted = run(recipe, "--revert", "--target", verl_tree)
+    assert reverted.returncode == 0 and tree_hash(verl_tree) == before
+    assert run("no_such_recipe", "--target", verl_tree).returncode == 2

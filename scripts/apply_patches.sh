@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Apply a recipe's verl patches the way the original repository's users are used to:
+#   bash scripts/apply_patches.sh qwen2_5                     # fetch verl 0.6.0 if needed, then apply
+#   bash scripts/apply_patches.sh qwen2_5 --target ~/verl      # onto a verl tree you already have
+#   bash scripts/apply_patches.sh qwen2_5 --dry-run            # check only
+#   bash scripts/apply_patches.sh qwen2_5 --revert [--target DIR]
+# A thin wrapper over scripts/overlay.py (see its --help); exit 0 done, 1 refused, 2 usage.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+py="${PYTHON:-python3}"
+
+if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+  [ $# -eq 0 ] && exit 2 || exit 0
+fi
+
+recipe="$1"; shift
+action=apply
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --revert) action=revert ;;
+    *) args+=("$arg") ;;
+  esac
+done
+
+# With no --target the recipe's own tree (llm_rl/<recipe>/verl) is used: fetch it first.
+if [ "$action" = apply ] && [[ " ${args[*]-} " != *" --target "* ]] && [[ " ${args[*]-} " != *" --dry-run "* ]]; then
+  "$py" "$here/overlay.py" fetch "$recipe"
+fi
+exec "$py" "$here/overlay.py" "$action" "$recipe" ${args[@]+"${args[@]}"}

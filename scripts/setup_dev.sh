@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up the CPU environment the tools, tests and the demo run in: .venv with
+# requirements-dev.txt (stack versions taken from constraints.txt) and verl from the
+# pinned source distribution, installed --no-deps. Idempotent: a second run with
+# unchanged requirements returns at once.
+#   bash scripts/setup_dev.sh            # or: make setup
+#   PYTHON=python3.11 bash scripts/setup_dev.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+case "${1:-}" in
+  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "setup_dev.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
+esac
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "setup_dev.sh: $PYTHON is older than 3.11; set PYTHON=python3.11" >&2; exit 1; }
+
+stamp="$VENV/.recipes-setup"
+want=$(cat requirements.txt requirements-dev.txt constraints.txt llm_rl/qwen2_5/recipe.toml | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  echo "setup: $VENV is up to date"
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || { echo "setup: creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+PY="$VENV/bin/python"
+# The CPU-safe part of the stack pins: torch/torch_npu/vllm stay NPU-host only.
+cpu_pins=$(mktemp)
+log=$(mktemp)
+trap 'rm -f "$cpu_pins" "$log"' EXIT
+pip_install() {
+  if ! "$PY" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -20 >&2
+    echo "setup: pip install $* failed (see above); check the network and run again" >&2
+    exit 1
+  fi
+}
+grep -E '^(transformers|ray|sympy)==' constraints.txt > "$cpu_pins"
+echo "setup: installing requirements-dev.txt (a few minutes the first time)"
+pip_install -r requirements-dev.txt -c "$cpu_pins"
+
+sdist=$("$PY" - <<'PY'
+import sys, tomllib
+sys.path.insert(0, "scripts")
+import artifacts
+pin = tomllib.load(open("llm_rl/qwen2_5/recipe.toml", "rb"))["upstream"]
+print(artifacts.verl_sdist(pin["version"], pin["sdist_sha256"]))
+PY
+)
+echo "setup: installing verl from $(basename "$sdist") (--no-deps)"
+pip_install --no-deps --force-reinstall "$sdist"
+"$PY" -c 'import verl, torch, transformers; print(f"setup: verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
+echo "$want" > "$stamp"
