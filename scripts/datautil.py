@@ -1,0 +1,172 @@
+"""Shared pieces of the data-preparation scripts: answer extraction, verl rows, atomic parquet writes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+# The recipe's answer format. llm_rl/qwen2_5/tokenizer_config.json renders exactly this text as the
+# default system prompt (tests/test_chat_template.py holds the two together); the DeepSeek data embeds
+# it as an explicit system message because DeepSeek-V3's own chat template has no default one.
+FORMAT_SYSTEM_PROMPT = (
+    "You are a helpful assistant who solves math problems. Reason step by step, numbering the steps "
+    "(Step 1:, Step 2:, ...), then give the final answer. Put the reasoning inside <think> </think> "
+    "tags and the final answer inside <answer> </answer> tags, with a newline after each opening tag "
+    "and before each closing tag, and write the final answer in \\boxed{}. Write nothing before <think> "
+    "or after </answer>. Use exactly this format:\n"
+    "<think>\n"
+    "Step 1: ...\n"
+    "Step 2: ...\n"
+    "</think>\n"
+    "<answer>\n"
+    "\\boxed{...}\n"
+    "</answer>"
+)
+
+# Appended to every problem; the same wording verl's own MATH example uses, so the user turn reads
+# naturally with or without the system prompt above.
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+class DataError(Exception):
+    """A predictable problem with the input, reported to the user as one line."""
+
+
+def last_boxed(text: str | None) -> str | None:
+    """The content of the last well-formed \\boxed{...} / \\fbox{...} / \\boxed x in text, or None."""
+    if not text:
+        return None
+    starts = sorted(
+        (i for cmd in _BOX_COMMANDS for i in _find_all(text, cmd) if not _continues_name(text, i + len(cmd))),
+        reverse=True,
+    )
+    for start in starts:
+        cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+        content = _box_content(text, start + len(cmd))
+        if content:
+            return content
+    return None
+
+
+def _find_all(text: str, needle: str) -> Iterable[int]:
+    i = text.find(needle)
+    while i != -1:
+        yield i
+        i = text.find(needle, i + 1)
+
+
+def _continues_name(text: str, i: int) -> bool:
+    # "\boxedfoo" is another macro, not \boxed.
+    return i < len(text) and text[i].isalpha()
+
+
+def _box_content(text: str, i: int) -> str | None:
+    """Parse the argument that starts at text[i]: a balanced {group} or, after spaces, one bare token."""
+    j = i
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    if j < len(text) and text[j] == "{":
+        depth = 0
+        k = j
+        while k < len(text):
+            ch = text[k]
+            if ch == "\\":
+                k += 2  # an escaped character (\{, \}, \\) never opens or closes a group
+                continue
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[j + 1 : k].strip() or None
+            k += 1
+        return None  # unbalanced
+    if j == i:
+        return None  # "\boxed" followed by neither a group nor a space
+    k = j
+    while k < len(text) and not text[k].isspace() and text[k] != "$":
+        k += 1
+    return text[j:k].strip() or None
+
+
+def build_messages(
+    problem: str, instruction: str = MATH_INSTRUCTION, system_prompt: str | None = None
+) -> list[dict]:
+    """Chat messages for one problem: an optional system message and the user turn."""
+    user = f"{problem.strip()}\n\n{instruction}" if instruction else problem.strip()
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": user})
+    return messages
+
+
+def make_row(
+    *,
+    data_source: str,
+    problem: str,
+    ground_truth: str,
+    split: str,
+    index: int,
+    instruction: str = MATH_INSTRUCTION,
+    system_prompt: str | None = None,
+) -> dict:
+    """One verl RL row (the schema verl's RLHFDataset and reward manager read)."""
+    return {
+        "data_source": data_source,
+        "prompt": build_messages(problem, instruction, system_prompt),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": split, "index": int(index)},
+    }
+
+
+def row_schema():
+    """The arrow schema of make_row's rows, fixed so every output file has the same column types."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
+        ]
+    )
+
+
+def write_parquet_atomic(tables: Mapping[Path, list[dict]]) -> None:
+    """Write each row list to its path; every file is written to a temporary first, then all are renamed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pending: list[tuple[str, Path]] = []
+    try:
+        for path, rows in tables.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            pending.append((tmp, path))
+            pq.write_table(pa.Table.from_pylist(rows, schema=row_schema()), tmp)
+        for tmp, path in pending:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in pending:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def run_cli(main_fn, argv: list[str] | None = None) -> int:
+    """Run a script's main, turning DataError into one line on stderr and exit status 1."""
+    try:
+        return main_fn(argv)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing was replaced", file=sys.stderr)
+        return 1

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Turn local MATH-lighteval parquet files into verl's train.parquet and test.parquet, offline.
+
+Input: a directory with train-*.parquet and test-*.parquet (columns problem, level, type, solution),
+either directly or under data/ as in `hf download DigitalLearningGmbH/MATH-lighteval --repo-type dataset`.
+The ground truth of each row is the last \\boxed{} of its solution; rows without one are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datautil import (
+    FORMAT_SYSTEM_PROMPT,
+    MATH_INSTRUCTION,
+    DataError,
+    last_boxed,
+    make_row,
+    run_cli,
+    write_parquet_atomic,
+)
+
+# default_compute_score in verl 0.6.0 maps this name to its MATH scorer, so the data also scores
+# without the recipe's custom reward.
+DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
+SPLITS = ("train", "test")
+REQUIRED_COLUMNS = ("problem", "solution")
+
+
+@dataclass
+class SplitStats:
+    """Row counts of one split."""
+
+    files: int = 0
+    rows: int = 0
+    written: int = 0
+    no_boxed: int = 0
+    empty_problem: int = 0
+
+
+@dataclass
+class Stats:
+    """What convert() did, per split."""
+
+    splits: dict[str, SplitStats] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+
+def find_split_files(input_dir: Path) -> tuple[Path, dict[str, list[Path]]]:
+    """The directory holding the parquet files and the files of each split."""
+    if not input_dir.is_dir():
+        raise DataError(
+            f"{input_dir} is not a directory; pass the folder the MATH-lighteval parquet files are in"
+        )
+    for base in (input_dir, input_dir / "data"):
+        found = {split: sorted(base.glob(f"{split}*.parquet")) for split in SPLITS}
+        if any(found.values()):
+            missing = [s for s in SPLITS if not found[s]]
+            if missing:
+                raise DataError(
+                    f"no {missing[0]}*.parquet next to the other split in {base}; download both splits"
+                )
+            return base, found
+    raise DataError(
+        f"no train*.parquet / test*.parquet in {input_dir} or {input_dir / 'data'}; "
+        "download DigitalLearningGmbH/MATH-lighteval there first"
+    )
+
+
+def read_columns(path: Path, columns: tuple[str, ...]) -> dict[str, list]:
+    """The named columns of one parquet file as Python lists, or DataError naming what is wrong."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise DataError(
+                f"{path} lacks column(s) {', '.join(missing)} (has {', '.join(schema.names)}); "
+                "is this the MATH-lighteval dataset?"
+            )
+        table = pq.read_table(path, columns=list(columns))
+    except (pa.ArrowException, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"cannot read {path} ({first}); the file is damaged or incomplete, download it again"
+        ) from exc
+    return {c: table.column(c).to_pylist() for c in columns}
+
+
+def convert(
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    instruction: str = MATH_INSTRUCTION,
+    system_prompt: str | None = None,
+    data_source: str = DATA_SOURCE,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> Stats:
+    """Convert the MATH-lighteval parquet files in input_dir into output_dir/{train,test}.parquet."""
+    input_dir, output_dir = Path(input_dir), Path(output_dir)
+    base, files = find_split_files(input_dir)
+    if output_dir.resolve() == base.resolve():
+        raise DataError(f"output directory {output_dir} holds the input files; choose another --output-dir")
+
+    stats = Stats()
+    tables: dict[Path, list[dict]] = {}
+    for split in SPLITS:
+        st = stats.splits[split] = SplitStats(files=len(files[split]))
+        rows: list[dict] = []
+        for path in files[split]:
+            cols = read_columns(path, REQUIRED_COLUMNS)
+            log(f"read {path}: {len(cols['problem'])} rows")
+            for problem, solution in zip(cols["problem"], cols["solution"], strict=True):
+                index = st.rows
+                st.rows += 1
+                if not problem or not str(problem).strip():
+                    st.empty_problem += 1
+                    continue
+                answer = last_boxed(solution)
+                if answer is None:
+                    st.no_boxed += 1
+                    continue
+                rows.append(
+                    make_row(
+                        data_source=data_source,
+                        problem=str(problem),
+                        ground_truth=answer,
+                        split=split,
+                        index=index,
+                        instruction=instruction,
+                        system_prompt=system_prompt,
+                    )
+                )
+        st.written = len(rows)
+        if not rows:
+            raise DataError(f"no {split} row has a \\boxed{{}} answer in its solution; nothing written")
+        out = output_dir / f"{split}.parquet"
+        tables[out] = rows
+        stats.outputs[split] = out
+
+    for split, st in stats.splits.items():
+        log(
+            f"{split}: {st.rows} rows, {st.written} kept, {st.no_boxed} skipped without \\boxed{{}}, "
+            f"{st.empty_problem} skipped with an empty problem"
+        )
+    if dry_run:
+        log(f"dry run: would write {', '.join(str(p) for p in tables)}")
+    else:
+        write_parquet_atomic(tables)
+        log(f"wrote {', '.join(str(p) for p in tables)}")
+    return stats
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Convert local MATH-lighteval parquet files into verl train.parquet/test.parquet (offline).",
+    )
+    parser.add_argument(
+        "--input-dir",
+        required=True,
+        type=Path,
+        help="folder with train-*.parquet and test-*.parquet (or data/ below it)",
+    )
+    parser.add_argument(
+        "--output-dir", required=True, type=Path, help="where train.parquet and test.parquet are written"
+    )
+    parser.add_argument(
+        "--instruction",
+        default=MATH_INSTRUCTION,
+        help="text appended to each problem in the user turn ('' for none; default: %(default)r)",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="embed the recipe's answer-format instruction as an explicit system message; off by default "
+        "because the Qwen recipe's chat template supplies it",
+    )
+    parser.add_argument(
+        "--data-source", default=DATA_SOURCE, help="value of the data_source column (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="read and convert, print the summary, write nothing"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    convert(
+        args.input_dir,
+        args.output_dir,
+        instruction=args.instruction,
+        system_prompt=FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
+        data_source=args.data_source,
+        dry_run=args.dry_run,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
