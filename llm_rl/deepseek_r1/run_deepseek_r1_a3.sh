@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# DeepSeek-R1 GRPO on a 128-card Atlas A3 SuperPoD (16 nodes x 16 dies), Megatron + MindSpeed
+# training, vLLM-Ascend rollout. Run on the head node once ray_start.sh has run on every node.
+#
+#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run] [--help] [hydra.override=value ...]
+#
+# real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
+# random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
+# Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
+# (data/deepscaler), VERL_DIR (verl/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
+# folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
+# against verl's ppo_megatron_trainer and prints the node-by-node commands.
+set -euo pipefail
+
+RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+
+VARIANT=real
+DRY_RUN=()
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --variant) VARIANT="${2:?--variant needs real or random}"; shift 2 ;;
+    --variant=*) VARIANT="${1#--variant=}"; shift ;;
+    --dry-run) DRY_RUN=(--dry-run); shift ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
+  # shellcheck disable=SC1091
+  set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
+fi
+export VLLM_USE_V1=1
+export VLLM_ASCEND_ENABLE_NZ="${VLLM_ASCEND_ENABLE_NZ:-0}"
+export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1800}"
+export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-3600}"
+
+NNODES="${NNODES:-16}"
+NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl}"
+MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/DeepSeek-R1-bf16}"
+MCORE_DIR="${MCORE_DIR:-$RECIPE_DIR/model/DeepSeek-R1-mcore}"
+DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
+LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
+CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
+RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
+
+# The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
+# One mini-batch and one epoch keep the update on-policy, which the old_log_prob skip requires.
+OVERRIDES=(
+  algorithm.adv_estimator=grpo
+  algorithm.use_kl_in_reward=False
+  data.train_files="$DATA_DIR/train.parquet"
+  data.val_files="$DATA_DIR/test.parquet"
+  data.train_batch_size=512
+  data.max_prompt_length=1024
+  data.max_response_length=3072
+  data.filter_overlong_prompts=True
+  data.truncation=error
+  custom_reward_function.path="$REPO_DIR/llm_rl/qwen2_5/new_math_reward.py"
+  custom_reward_function.name=compute_score_dict
+  actor_rollout_ref.model.path="$MODEL_DIR"
+  actor_rollout_ref.model.trust_remote_code=True
+  actor_rollout_ref.actor.optim.lr=1e-6
+  actor_rollout_ref.actor.ppo_mini_batch_size=512
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
+  actor_rollout_ref.actor.ppo_epochs=1
+  actor_rollout_ref.actor.use_kl_loss=True
+  actor_rollout_ref.actor.kl_loss_coef=0.001
+  actor_rollout_ref.actor.kl_loss_type=low_var_kl
+  actor_rollout_ref.actor.entropy_coeff=0
+  actor_rollout_ref.actor.recompute_old_log_prob=False
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4
+  actor_rollout_ref.actor.megatron.expert_model_parallel_size=8
+  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8
+  actor_rollout_ref.actor.megatron.param_offload=True
+  actor_rollout_ref.actor.megatron.grad_offload=True
+  actor_rollout_ref.actor.megatron.optimizer_offload=True
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4
+  actor_rollout_ref.ref.megatron.expert_model_parallel_size=8
+  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=8
+  actor_rollout_ref.ref.megatron.param_offload=True
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
+  # MindSpeed training optimisations (seed: swap optimizer and fused operators).
+  +actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall
+  +actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_rotary_pos_emb=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_swiglu=True
+  +actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True
+  actor_rollout_ref.rollout.name=vllm
+  actor_rollout_ref.rollout.n=16
+  actor_rollout_ref.rollout.tensor_model_parallel_size=2
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.8
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
+  actor_rollout_ref.rollout.enforce_eager=False
+  'actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,16,32,64,128]'
+  # vLLM-Ascend 0.13.0 additional_config, declared by patch 0003 (the seed's 0.9-era torchair and
+  # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
+  'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
+  trainer.device=npu
+  trainer.nnodes="$NNODES"
+  trainer.n_gpus_per_node="$NPUS_PER_NODE"
+  trainer.total_epochs=1
+  trainer.save_freq=-1
+  trainer.test_freq=-1
+  trainer.val_before_train=False
+  'trainer.logger=[console]'
+  trainer.project_name=verl_grpo_deepseek_r1
+  trainer.experiment_name="$RUN_NAME"
+  trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
+)
+case "$VARIANT" in
+  real) OVERRIDES+=(
+    actor_rollout_ref.rollout.data_parallel_size=64
+    actor_rollout_ref.rollout.expert_parallel_size=128
+    actor_rollout_ref.rollout.max_num_batched_tokens=1024
+    actor_rollout_ref.rollout.enable_chunked_prefill=True
+    actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
+    actor_rollout_ref.actor.megatron.dist_checkpointing_path="$MCORE_DIR"
+    actor_rollout_ref.ref.megatron.use_dist_checkpointing=True
+    actor_rollout_ref.ref.megatron.dist_checkpointing_path="$MCORE_DIR"
+  ) ;;
+  random) OVERRIDES+=(
+    actor_rollout_ref.rollout.data_parallel_size=128
+    actor_rollout_ref.rollout.expert_parallel_size=256
+    actor_rollout_ref.actor.load_weight=False
+    actor_rollout_ref.ref.load_weight=False
+  ) ;;
+  *) echo "run_deepseek_r1_a3.sh: error: --variant must be real or random, not '$VARIANT'" >&2; exit 2 ;;
+esac
+
+cd "$REPO_DIR"
+python3 scripts/preflight.py --recipe deepseek_r1 --config-name ppo_megatron_trainer \
+  --verl-dir "$VERL_DIR" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
+if [ "${#DRY_RUN[@]}" -gt 0 ]; then
+  echo "node-by-node:"
+  python3 scripts/ray_cluster.py plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
+    -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
+  exit 0
+fi
+python3 scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+
+export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$LOG_DIR"
+LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
+echo "logging to $LOG"
+cd "$RECIPE_DIR"
+python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

