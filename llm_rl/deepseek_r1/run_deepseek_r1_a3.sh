@@ -97,8 +97,13 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  actor_rollout_ref.rollout.enforce_eager=False
-  'actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,16,32,64,128]'
+  # Sleep mode does not free device memory across machines on NPU (seed 000): patch 0004's explicit
+  # weight onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured
+  # graphs pointing at old addresses, so this path runs eager. Single node, graph mode instead:
+  #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
+  actor_rollout_ref.rollout.mode=sync
+  actor_rollout_ref.rollout.explicit_offload=True
+  actor_rollout_ref.rollout.enforce_eager=True
   # vLLM-Ascend 0.13.0 additional_config, declared by patch 0003 (the seed's 0.9-era torchair and
   # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
   'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
