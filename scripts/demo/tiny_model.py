@@ -1,0 +1,100 @@
+"""A tiny random-initialised Qwen2 model and a BPE tokenizer trained on the spot, saved like a hub checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+RECIPE_TOKENIZER_CONFIG = Path(__file__).resolve().parents[2] / "llm_rl" / "qwen2_5" / "tokenizer_config.json"
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """Size of the demo model: small enough for two CPU cores."""
+
+    vocab_size: int = 640
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    max_positions: int = 1024
+
+
+def recipe_special_tokens(tokenizer_config: dict) -> list[str]:
+    """The recipe's special tokens in id order (Qwen2.5's <|endoftext|>, <|im_start|>, <|im_end|>, ...)."""
+    decoder = tokenizer_config.get("added_tokens_decoder", {})
+    tokens = [entry["content"] for _, entry in sorted(decoder.items(), key=lambda kv: int(kv[0]))]
+    for extra in tokenizer_config.get("additional_special_tokens", []):
+        if extra not in tokens:
+            tokens.append(extra)
+    return tokens
+
+
+def train_tokenizer(texts: Iterable[str], tokenizer_config: dict, vocab_size: int):
+    """A byte-level BPE over texts, wrapped with the recipe's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = recipe_special_tokens(tokenizer_config)
+    bpe = Tokenizer(models.BPE())
+    # Byte-level like Qwen's own tokenizer, so any response decodes and re-encodes losslessly.
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        chat_template=tokenizer_config["chat_template"],
+        eos_token=tokenizer_config.get("eos_token") or "<|im_end|>",
+        pad_token=tokenizer_config.get("pad_token") or "<|endoftext|>",
+        additional_special_tokens=[t for t in specials if t not in ("<|endoftext|>",)],
+        model_max_length=TinyShape.max_positions,
+        padding_side="left",
+    )
+
+
+def build_model(tokenizer, shape: TinyShape, seed: int):
+    """A Qwen2ForCausalLM with random weights sized to the tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def make_tiny_checkpoint(
+    out_dir: Path, texts: list[str], tokenizer_config_path: Path, seed: int, shape: TinyShape = TinyShape()
+) -> Path:
+    """Train the tokenizer, build the model, save both into out_dir; return out_dir."""
+    tokenizer_config = json.loads(Path(tokenizer_config_path).read_text(encoding="utf-8"))
+    # The template's own text (its default system prompt) is what every prompt starts with.
+    tokenizer = train_tokenizer(
+        [*texts, tokenizer_config["chat_template"]], tokenizer_config, shape.vocab_size
+    )
+    model = build_model(tokenizer, shape, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    return out_dir
