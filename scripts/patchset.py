@@ -82,7 +82,9 @@ def _strip_path(raw: bytes, patch: Path) -> str | None:
     safe_relpath(text, patch)  # refuse '..' and absolute paths before stripping anything
     parts = PurePosixPath(text).parts
     if len(parts) < 2:
-        raise PatchError(f"{patch.name}: path '{text}' has no leading folder to strip (diffs are -p1: a/verl/...)")
+        raise PatchError(
+            f"{patch.name}: path '{text}' has no leading folder to strip (diffs are -p1: a/verl/...)"
+        )
     return safe_relpath(str(PurePosixPath(*parts[1:])), patch)
 
 

@@ -62,7 +62,9 @@ def test_series_round_trip_on_the_sdist(name, verl_tree, pristine_verl):
     touched = {fp.path for path in recipe.series for fp in overlay.patchset.parse(path).files}
     for rel in sorted(touched):
         if rel.endswith(".py") and (verl_tree / rel).exists():
-            py_compile.compile(str(verl_tree / rel), doraise=True, cfile=str(verl_tree / (rel + ".pyc-check")))
+            py_compile.compile(
+                str(verl_tree / rel), doraise=True, cfile=str(verl_tree / (rel + ".pyc-check"))
+            )
             (verl_tree / (rel + ".pyc-check")).unlink()
 
     states = overlay.apply_series(recipe, verl_tree)
