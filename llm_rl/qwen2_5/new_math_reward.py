@@ -1,0 +1,850 @@
+"""MATH reward for GRPO: accuracy 0.7 (math_verify) + format 0.2 + chain of thought 0.1.
+
+Self-contained (standard library + ``math_verify``): copy this one file into verl, TRL or your own loop.
+
+* ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float``
+  is verl's ``custom_reward_function`` contract; ``compute_score_dict`` returns the components too;
+  ``compute_score_batch`` serves ``reward_model.reward_manager=batch``.
+* A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
+  ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
+  tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
+  each), plus 0.1 / 0.05 for numbered steps with reasoning keywords inside ``<think>``.
+* math_verify runs in a small pool of worker processes, never in the caller: each answer gets a hard wall
+  time bound (default 1 s) from any thread, and a worker that overruns is killed and replaced, so the
+  stuck computation really stops.  Cheap checks in the caller decide most answers without sympy.
+
+Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+DEFAULT_TIMEOUT_S = 1.0
+MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a MATH answer
+MAX_BRACE_DEPTH = 30
+MAX_SCAN_CHARS = 20_000  # where the final \boxed{} is looked for (tail of the response)
+MAX_THINK_CHARS = 200_000
+MAX_POW_EXPONENT = 1e6  # a numeric power with a bigger exponent is too large to verify in time
+MAX_FACTORIAL = 10_000
+WORKER_STARTUP_TIMEOUT_S = 60.0
+WORKER_CPU_BACKSTOP_S = 30  # an orphaned worker stuck in C code is killed by the kernel after this
+WORKER_MEMORY_LIMIT = 4 << 30
+
+THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
+FORMAT_TAGS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+_SERVE_FLAG = "--serve-math-verify-worker"
+
+# Loaders such as verl's may exec this file without registering it in sys.modules, hence
+# NamedTuple rather than dataclasses.  Scores are kept in thousandths so totals are exact (0.7 + 0.2 + 0.1 == 1.0).
+_ACC_MILLI, _TAG_MILLI, _PENALTY_CAP_MILLI = 700, 50, 100
+_COT_FULL_MILLI, _COT_HALF_MILLI = 100, 50
+
+_STEP_RE = re.compile(
+    r"^[ \t>*#_-]*(?:step[ \t]*(\d{1,4})[ \t]*[:.]|\((\d{1,4})\)|(\d{1,4})\.(?!\d))",
+    re.IGNORECASE | re.MULTILINE,
+)
+_KEYWORD_RE = re.compile(
+    r"\b(?:solve[sd]?|solving|equations?|calculat(?:e|es|ed|ing|ion|ions)|substitut(?:e|es|ed|ing|ion)"
+    r"|therefore|because|thus|sums?|products?|derivatives?|integrals?)\b",
+    re.IGNORECASE,
+)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_OR_RE = re.compile(r"\bor\b", re.IGNORECASE)
+_SPACING_RE = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\s+")
+_FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
+_SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
+_INT_RE = re.compile(r"[+-]?\d+")
+_DEC_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
+_FRAC_RE = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{(\d+)\}")
+_SLASH_RE = re.compile(r"([+-]?\d+)/(\d+)")
+_NUM_TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\\cdot|\\times|[-+*/^(){}])")
+
+
+# ---------------------------------------------------------------- answer extraction
+
+
+def _brace_end(text: str, open_at: int) -> int:
+    """Index just past the brace matching text[open_at] == '{', or -1 when unbalanced."""
+    depth = 0
+    for m in re.finditer(r"[{}]", text[open_at:]):
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:
+            return open_at + m.end()
+    return -1
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int]]:
+    """Top-level ``\\boxed{...}`` contents of text as (start, end) spans, in order."""
+    closers: dict[int, int] = {}
+    stack: list[int] = []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closers[stack.pop()] = m.start()
+    spans: list[tuple[int, int]] = []
+    last_end = -1
+    for m in _BOXED_RE.finditer(text):
+        brace = m.end() - 1
+        if brace < last_end or brace not in closers:
+            continue
+        spans.append((brace + 1, closers[brace]))
+        last_end = closers[brace]
+    return spans
+
+
+def _strip_math(s: str) -> str:
+    """Drop math delimiters and a trailing full stop around an answer."""
+    s = s.strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
+            s = s[len(left) : len(s) - len(right)].strip()
+    return s.rstrip(".").strip()
+
+
+def _norm(s: str) -> str:
+    """Spelling-level normalisation: equal results are certainly the same answer."""
+    s = _strip_math(s)
+    s = _SPACING_RE.sub("", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
+
+
+class _Answer(NamedTuple):
+    text: str | None  # the candidate answer; None when there is none
+    boxed: bool  # came from \boxed{} (math_verify gets it wrapped again)
+    ambiguous: bool  # offers several different values
+
+
+def _agree(text: str, spans: list[tuple[int, int]]) -> bool:
+    return len({_norm(text[a:b]) for a, b in spans}) <= 1
+
+
+def extract_answer(response: str) -> _Answer:
+    """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning."""
+    a_open = response.rfind(ANSWER_OPEN)
+    if a_open >= 0:
+        start = a_open + len(ANSWER_OPEN)
+        a_close = response.find(ANSWER_CLOSE, start)
+        block = response[start : a_close if a_close >= 0 else len(response)]
+        if len(block) > MAX_SCAN_CHARS:
+            return _Answer(None, False, False)
+        spans = _boxed_spans(block)
+        if spans:
+            a, b = spans[-1]
+            return _Answer(block[a:b], True, not _agree(block, spans))
+        plain = _strip_math(block)
+        return _Answer(plain or None, False, bool(_OR_RE.search(plain)))
+    t_close = response.rfind(THINK_CLOSE)
+    region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
+    region = region[-MAX_SCAN_CHARS:]
+    spans = _boxed_spans(region)
+    if not spans:
+        return _Answer(None, False, False)
+    a, b = spans[-1]
+    if t_close < 0:  # no reasoning marker: only values boxed on the final line compete
+        line_start = region.rfind("\n", 0, a) + 1
+        spans = [s for s in spans if s[0] >= line_start]
+    return _Answer(region[a:b], True, not _agree(region, spans))
+
+
+# ---------------------------------------------------------------- format and chain of thought
+
+
+def format_milli(response: str) -> int:
+    """Format score in thousandths (0..200)."""
+    pos = [response.find(t) for t in (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)]
+    for earlier, later in ((0, 1), (1, 2), (2, 3)):
+        if pos[earlier] >= 0 and pos[later] >= 0 and pos[later] < pos[earlier]:
+            return 0
+    milli = sum(_TAG_MILLI for tag in FORMAT_TAGS if response.count(tag) == 1)
+    if pos[0] >= 0:
+        milli -= min(_PENALTY_CAP_MILLI, len(response[: pos[0]].strip()))
+    last_close = response.rfind(ANSWER_CLOSE)
+    if last_close >= 0:
+        milli -= min(_PENALTY_CAP_MILLI, len(response[last_close + len(ANSWER_CLOSE) :].strip()))
+    return max(0, milli)
+
+
+def cot_milli(response: str) -> int:
+    """Chain-of-thought score in thousandths (0, 50 or 100) from the numbered steps inside <think>."""
+    t_open = response.find(THINK_OPEN)
+    if t_open < 0:
+        return 0
+    start = t_open + len(THINK_OPEN)
+    t_close = response.find(THINK_CLOSE, start)
+    think = response[start : t_close if t_close >= 0 else len(response)][:MAX_THINK_CHARS]
+    marks = list(_STEP_RE.finditer(think))
+    expected, keyword_steps = 1, 0
+    for i, m in enumerate(marks):
+        body = think[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(think)]
+        if len(body.strip()) <= 3:
+            continue
+        number = int(next(g for g in m.groups() if g is not None))
+        if number != expected:
+            break
+        expected += 1
+        keyword_steps += bool(_KEYWORD_RE.search(body))
+    steps = expected - 1
+    if steps >= 3 and keyword_steps >= 2:
+        return _COT_FULL_MILLI
+    if steps >= 2 and keyword_steps >= 1:
+        return _COT_HALF_MILLI
+    return 0
+
+
+# ---------------------------------------------------------------- cheap verdicts and hostile input
+
+
+def _number(s: str) -> tuple[Fraction, bool] | None:
+    """(value, exact) for a plain integer, decimal or fraction, else None."""
+    s = s.replace("{,}", "")
+    if len(s) > 40:
+        return None
+    if _INT_RE.fullmatch(s):
+        return Fraction(int(s)), True
+    if _DEC_RE.fullmatch(s):
+        return Fraction(s), False
+    m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
+    if m is None:
+        return None
+    groups = m.groups()
+    sign = -1 if len(groups) == 3 and groups[0] == "-" else 1
+    num, den = int(groups[-2]), int(groups[-1])
+    return (Fraction(sign * num, den), True) if den else None
+
+
+def fast_verdict(answer: str, truths: tuple[str, ...]) -> bool | None:
+    """True/False when spelling or exact arithmetic decides, None when sympy must."""
+    a = _norm(answer)
+    normed = [_norm(t) for t in truths]
+    if a and a in normed:
+        return True
+    av = _number(a)
+    if av is None:
+        return None
+    undecided = False
+    for t in normed:
+        tv = _number(t)
+        if tv is None:
+            return None
+        if av[0] == tv[0]:
+            return True
+        # math_verify compares decimals after rounding; only a clear gap is decided here
+        if not (av[1] and tv[1]) and abs(av[0] - tv[0]) <= Fraction(1, 10_000) * max(1, abs(tv[0])):
+            undecided = True
+    return None if undecided else False
+
+
+class _Numeric:
+    """Magnitude of a purely numeric expression (digits, + - * / ^ and brackets), inf when huge."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[str] = []
+        pos = 0
+        while pos < len(text):
+            m = _NUM_TOKEN_RE.match(text, pos)
+            if m is None:
+                raise ValueError("not numeric")
+            self.tokens.append(m.group(1))
+            pos = m.end()
+        self.i = 0
+        self.max_exponent = 0.0
+
+    def value(self) -> float:
+        v = self._sum()
+        if self.i != len(self.tokens):
+            raise ValueError("trailing tokens")
+        return v
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def _sum(self) -> float:
+        v = self._product()
+        while self._peek() in ("+", "-"):
+            op = self.tokens[self.i]
+            self.i += 1
+            rhs = self._product()
+            v = v + rhs if op == "+" else v - rhs
+        return v
+
+    def _product(self) -> float:
+        v = self._power()
+        while self._peek() in ("*", "/", "\\cdot", "\\times"):
+            op = self.tokens[self.i]
+            self.i += 1
+            rhs = self._power()
+            v = (v / rhs if rhs else math.inf) if op == "/" else v * rhs
+        return v
+
+    def _power(self) -> float:
+        base = self._atom()
+        if self._peek() != "^":
+            return base
+        self.i += 1
+        exponent = self._power()
+        if abs(base) > 1:
+            self.max_exponent = max(self.max_exponent, exponent)
+        try:
+            return math.pow(abs(base), exponent)
+        except OverflowError:
+            return math.inf
+
+    def _atom(self) -> float:
+        tok = self._peek()
+        if tok is None:
+            raise ValueError("missing operand")
+        self.i += 1
+        if tok in ("(", "{"):
+            v = self._sum()
+            if self._peek() not in (")", "}"):
+                raise ValueError("unbalanced")
+            self.i += 1
+            return v
+        if tok == "-":
+            return -self._atom()
+        return float(tok)
+
+
+def _huge(expr: str) -> bool:
+    """True when a numeric sub-expression is a power tower or factorial too large to evaluate."""
+    try:
+        parser = _Numeric(expr)
+        value = parser.value()
+    except (ValueError, IndexError, RecursionError, OverflowError):
+        return False
+    return parser.max_exponent > MAX_POW_EXPONENT or math.isinf(value) and "^" in expr
+
+
+def is_hostile(answer: str) -> bool:
+    """True for answers sympy cannot handle within the bound: too long, too deep, astronomically large."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return True
+    depth = 0
+    for ch in answer:
+        if ch in "{(":
+            depth += 1
+            if depth > MAX_BRACE_DEPTH:
+                return True
+        elif ch in "})":
+            depth = max(0, depth - 1)
+    if answer.count("^") >= 2 and _huge(_norm(answer)):
+        return True
+    for m in re.finditer(r"!", answer):
+        head = answer[: m.start()].rstrip()
+        if head.endswith((")", "}")):
+            opener = "(" if head.endswith(")") else "{"
+            depth, j = 0, len(head) - 1
+            while j >= 0:
+                depth += {")": 1, "}": 1, "(": -1, "{": -1}.get(head[j], 0)
+                if depth == 0 and head[j] == opener:
+                    break
+                j -= 1
+            arg = head[j + 1 : -1]
+        else:
+            arg = re.search(r"[\d.]*$", head).group()
+        try:
+            parser = _Numeric(_norm(arg))
+            if parser.value() > MAX_FACTORIAL or parser.max_exponent > MAX_POW_EXPONENT:
+                return True
+        except (ValueError, IndexError, RecursionError, OverflowError):
+            continue
+    return False
+
+
+# ---------------------------------------------------------------- math_verify worker processes
+
+
+def _serve() -> None:
+    """Worker process main loop: one JSON request per line on stdin, one JSON reply per line."""
+    out = os.dup(1)
+    os.dup2(2, 1)  # nothing a library prints may corrupt the reply channel
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, resource.RLIM_INFINITY))
+    except (ImportError, ValueError, OSError):
+        resource = None
+    warnings.simplefilter("ignore")
+    try:
+        from math_verify import parse, verify
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which degrades
+        os.write(out, (json.dumps({"ready": False, "error": repr(exc)}) + "\n").encode())
+        return
+    from functools import lru_cache
+
+    parse_cached = lru_cache(maxsize=4096)(parse)
+    os.write(out, b'{"ready": true}\n')
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line)
+            if resource is not None:
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                soft = int(usage.ru_utime + usage.ru_stime) + WORKER_CPU_BACKSTOP_S
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+            answer = req["answer"]
+            pred = parse_cached("\\boxed{" + answer + "}" if req["boxed"] else answer)
+            equal = any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in req["truths"])
+            reply = {"equal": bool(equal)}
+        except Exception as exc:  # noqa: BLE001 - a bad answer is a wrong answer, never a crash
+            reply = {"equal": False, "error": repr(exc)[:200]}
+        os.write(out, (json.dumps(reply) + "\n").encode())
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Worker:
+    """One math_verify process; used by one thread at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), _SERVE_FLAG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        self.ready = False
+        self.buf = b""
+
+    def _readline(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while b"\n" not in self.buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _WorkerDied("worker exited")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def start(self) -> None:
+        """Wait for the worker's import of math_verify; raise _WorkerDied when it cannot start."""
+        if self.ready:
+            return
+        line = self._readline(time.monotonic() + WORKER_STARTUP_TIMEOUT_S)
+        status = json.loads(line) if line else {}
+        if not status.get("ready"):
+            raise _WorkerDied(status.get("error", "math_verify worker did not start"))
+        self.ready = True
+
+    def ask(self, request: dict, timeout: float) -> dict | None:
+        """The worker's reply, or None when it overran the timeout."""
+        data = (json.dumps(request) + "\n").encode()
+        fd = self.proc.stdin.fileno()
+        while data:
+            data = data[os.write(fd, data) :]
+        line = self._readline(time.monotonic() + timeout)
+        return None if line is None else json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class _Pool:
+    """Worker processes shared by every thread of one process; created on first use."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(size)
+        self.idle: list[_Worker] = []
+        self.broken: str | None = None
+        self.warned = False
+        self.idle.extend(_Worker() for _ in range(size))  # imports overlap
+        atexit.register(self.close)
+
+    def _take(self) -> _Worker:
+        with self.lock:
+            return self.idle.pop() if self.idle else _Worker()
+
+    def _give(self, worker: _Worker) -> None:
+        with self.lock:
+            self.idle.append(worker)
+
+    def verify(self, request: dict, timeout: float) -> tuple[bool | None, bool]:
+        """(equal, timed_out); equal is None when no worker could run the request."""
+        with self.slots:
+            for _attempt in range(2):  # a worker that died while idle is replaced once
+                worker = self._take()
+                try:
+                    worker.start()
+                    reply = worker.ask(request, timeout)
+                except (_WorkerDied, OSError, ValueError) as exc:
+                    worker.kill()
+                    if not worker.ready:
+                        self.broken = str(exc)
+                        return None, False
+                    continue
+                if reply is None:  # overran: stop the work itself, start the replacement now
+                    worker.kill()
+                    self._give(_Worker())
+                    return False, True
+                self._give(worker)
+                return bool(reply.get("equal")), False
+        return None, False
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:  # a forked child inherits this atexit hook; the workers are not its own
+            return
+        with self.lock:
+            workers, self.idle = self.idle, []
+        for worker in workers:
+            worker.kill()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+_POOL_PID: int | None = None
+_CACHE: OrderedDict[tuple, bool] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 65_536
+
+
+def _default_workers() -> int:
+    env = os.environ.get("MATH_REWARD_WORKERS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def _get_pool(num_workers: int | None = None) -> _Pool | None:
+    global _POOL, _POOL_LOCK, _POOL_PID
+    if _POOL_PID != os.getpid():  # first use, or a forked child: never share the parent's pipes
+        _POOL_LOCK, _POOL, _POOL_PID = threading.Lock(), None, os.getpid()
+    with _POOL_LOCK:
+        if _POOL is None:
+            try:
+                _POOL = _Pool(num_workers or _default_workers())
+            except OSError as exc:
+                warnings.warn(
+                    f"new_math_reward: cannot start math_verify workers ({exc}); scoring 0", stacklevel=3
+                )
+                return None
+        if _POOL.broken is not None:
+            if not _POOL.warned:
+                _POOL.warned = True
+                warnings.warn(
+                    f"new_math_reward: math_verify worker failed ({_POOL.broken}); answers that need sympy "
+                    "score 0 - check that math_verify imports in this Python",
+                    stacklevel=3,
+                )
+            return None
+        return _POOL
+
+
+def shutdown() -> None:
+    """Stop the worker processes (they are also stopped at exit); the next call starts new ones."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None and pool.pid == os.getpid():
+        pool.close()
+
+
+def _verify(
+    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None
+) -> tuple[bool, bool]:
+    """(correct, timed_out) through the cache, the cheap verdicts and the worker pool."""
+    key = (answer.text, answer.boxed, truths)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key], False
+    verdict = fast_verdict(answer.text, truths)
+    timed_out = False
+    if verdict is None:
+        if is_hostile(answer.text):
+            return False, False
+        sane = tuple(t for t in truths if not is_hostile(t))
+        if not sane:
+            return False, False
+        pool = _get_pool(workers)
+        if pool is None:
+            return False, False
+        request = {"answer": answer.text, "boxed": answer.boxed, "truths": list(sane)}
+        equal, timed_out = pool.verify(request, timeout)
+        if equal is None or timed_out:
+            return False, timed_out  # not cached: a later try may have more time
+        verdict = equal
+    with _CACHE_LOCK:
+        _CACHE[key] = verdict
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return verdict, timed_out
+
+
+# ---------------------------------------------------------------- public scoring API
+
+
+def _as_text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    return value.replace("\x00", "")
+
+
+def _truths(ground_truth: Any) -> tuple[str, ...]:
+    """Accepted ground-truth strings: a string, a number, or a list of either."""
+    items = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
+    out = []
+    for item in items[:16]:
+        if isinstance(item, int | float | Fraction) and not isinstance(item, bool):
+            item = str(item)
+        text = _as_text(item)
+        if text is None:
+            continue
+        spans = _boxed_spans(text) if "\\boxed" in text or "\\fbox" in text else []
+        text = _strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text)
+        if text:
+            out.append(text)
+    return tuple(out)
+
+
+def _zero(**extra: Any) -> dict[str, Any]:
+    result = {"score": 0.0, "accuracy": 0.0, "format": 0.0, "cot": 0.0, "correct": False, "timed_out": False}
+    result.update(extra)
+    return result
+
+
+class _Prepared(NamedTuple):
+    answer: _Answer | None
+    truths: tuple[str, ...]
+    fmt: int = 0
+    cot: int = 0
+
+
+def _prepare(solution_str: Any, ground_truth: Any) -> _Prepared:
+    response = _as_text(solution_str)
+    truths = _truths(ground_truth)
+    if response is None or not truths:
+        return _Prepared(None, truths)
+    answer = extract_answer(response)
+    if answer.text is None or answer.ambiguous:
+        return _Prepared(None, truths)
+    return _Prepared(answer, truths, format_milli(response), cot_milli(response))
+
+
+def _finish(prep: _Prepared, correct: bool, timed_out: bool) -> dict[str, Any]:
+    if not correct:
+        return _zero(timed_out=timed_out)
+    return {
+        "score": (_ACC_MILLI + prep.fmt + prep.cot) / 1000,
+        "accuracy": _ACC_MILLI / 1000,
+        "format": prep.fmt / 1000,
+        "cot": prep.cot / 1000,
+        "correct": True,
+        "timed_out": False,
+    }
+
+
+def _options(kwargs: dict[str, Any]) -> tuple[float, int | None]:
+    timeout = kwargs.get("timeout", os.environ.get("MATH_REWARD_TIMEOUT", DEFAULT_TIMEOUT_S))
+    try:
+        timeout = float(timeout)
+    except (TypeError, ValueError):
+        timeout = DEFAULT_TIMEOUT_S
+    if not timeout > 0 or math.isinf(timeout):
+        timeout = DEFAULT_TIMEOUT_S
+    workers = kwargs.get("num_workers")
+    return timeout, workers if isinstance(workers, int) and workers > 0 else None
+
+
+def compute_score_dict(
+    data_source: Any = None,
+    solution_str: Any = None,
+    ground_truth: Any = None,
+    extra_info: Any = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``."""
+    try:
+        timeout, workers = _options(kwargs)
+        prep = _prepare(solution_str, ground_truth)
+        if prep.answer is None:
+            return _zero()
+        correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers)
+        return _finish(prep, correct, timed_out)
+    except Exception:  # noqa: BLE001 - a reward must never take a training step down
+        return _zero()
+
+
+def compute_score(
+    data_source: Any = None,
+    solution_str: Any = None,
+    ground_truth: Any = None,
+    extra_info: Any = None,
+    **kwargs: Any,
+) -> float:
+    """Score one response in [0, 1]; verl's ``custom_reward_function`` contract."""
+    return compute_score_dict(data_source, solution_str, ground_truth, extra_info, **kwargs)["score"]
+
+
+def compute_score_batch(
+    data_sources: Any = None,
+    solution_strs: Any = None,
+    ground_truths: Any = None,
+    extra_infos: Any = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract."""
+    try:
+        responses = list(solution_strs or [])
+        truths = list(ground_truths or [])
+    except Exception:  # noqa: BLE001
+        return []
+    truths += [None] * (len(responses) - len(truths))
+    timeout, workers = _options(kwargs)
+    results: list[dict[str, Any]] = [_zero() for _ in responses]
+    preps: list[_Prepared | None] = []
+    for response, truth in zip(responses, truths, strict=False):
+        try:
+            preps.append(_prepare(response, truth))
+        except Exception:  # noqa: BLE001
+            preps.append(None)
+
+    def score(i: int) -> None:
+        prep = preps[i]
+        if prep is None or prep.answer is None:
+            return
+        try:
+            results[i] = _finish(prep, *_verify(prep.answer, prep.truths, timeout, workers))
+        except Exception:  # noqa: BLE001
+            results[i] = _zero()
+
+    threads = workers or _default_workers()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
+        list(executor.map(score, range(len(responses))))
+    return results
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    rows = []
+    with stream:
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def _row_fields(row: dict) -> tuple[Any, Any]:
+    response = next((row[k] for k in ("response", "solution_str", "output", "completion") if k in row), None)
+    truth = row.get("ground_truth", row.get("answer"))
+    if truth is None and isinstance(row.get("reward_model"), dict):
+        truth = row["reward_model"].get("ground_truth")
+    return response, truth
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: score a JSONL file of responses and ground truths."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [_SERVE_FLAG]:
+        _serve()
+        return 0
+    parser = argparse.ArgumentParser(
+        prog="new_math_reward.py", description="Score MATH responses: accuracy 0.7 + format 0.2 + CoT 0.1."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    score = sub.add_parser(
+        "score",
+        help="score a JSONL file",
+        description="Score each line of a JSONL file with keys response (or solution_str) and ground_truth "
+        "(or answer, or reward_model.ground_truth); print one line per item and a summary.",
+    )
+    score.add_argument("file", help="JSONL file, or - for stdin")
+    score.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per answer (default 1)"
+    )
+    score.add_argument(
+        "--workers", type=int, default=None, help="math_verify processes (default: CPUs, max 8)"
+    )
+    score.add_argument("--json", action="store_true", help="print each result as a JSON object")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0 or (args.workers is not None and args.workers < 1):
+        parser.error("--timeout must be > 0 and --workers >= 1")
+    try:
+        rows = _read_jsonl(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    fields = [_row_fields(row) for row in rows]
+    start = time.monotonic()
+    results = compute_score_batch(
+        [r.get("data_source") for r in rows],
+        [f[0] for f in fields],
+        [f[1] for f in fields],
+        timeout=args.timeout,
+        num_workers=args.workers,
+    )
+    elapsed = time.monotonic() - start
+    for n, result in enumerate(results):
+        if args.json:
+            print(json.dumps({"index": n, **result}))
+        else:
+            print(
+                f"{n}\tscore={result['score']:.3f}\taccuracy={result['accuracy']:.1f}\tformat={result['format']:.3f}"
+                f"\tcot={result['cot']:.2f}\tcorrect={result['correct']}\ttimed_out={result['timed_out']}"
+            )
+    count = len(results)
+    mean = sum(r["score"] for r in results) / count if count else 0.0
+    correct = sum(r["correct"] for r in results)
+    timeouts = sum(r["timed_out"] for r in results)
+    print(
+        f"summary: items={count} mean_score={mean:.4f} correct={correct}/{count} timed_out={timeouts} "
+        f"seconds={elapsed:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
