@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -158,6 +159,40 @@ def write_parquet_atomic(tables: Mapping[Path, list[dict]]) -> None:
         for tmp, _ in pending:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def add_prompt_options(
+    parser, *, data_source: str, system_prompt_default: bool, system_prompt_why: str
+) -> None:
+    """The prompt and output options both data scripts share: --instruction, --system-prompt, --data-source, --dry-run."""
+    parser.add_argument(
+        "--instruction",
+        default=MATH_INSTRUCTION,
+        help="text appended to each problem in the user turn ('' for none; default: %(default)r)",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=system_prompt_default,
+        help=f"embed the recipe's answer-format instruction as an explicit system message "
+        f"(default: {'on' if system_prompt_default else 'off'}, because {system_prompt_why})",
+    )
+    parser.add_argument(
+        "--data-source", default=data_source, help="value of the data_source column (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="read and convert, print the summary, write nothing"
+    )
+
+
+def write_or_report(tables: Mapping[Path, list[dict]], dry_run: bool, log) -> None:
+    """Write every table atomically, or in a dry run only say what would be written."""
+    names = ", ".join(str(p) for p in tables)
+    if dry_run:
+        log(f"dry run: would write {names}")
+    else:
+        write_parquet_atomic(tables)
+        log(f"wrote {names}")
 
 
 def run_cli(main_fn, argv: list[str] | None = None) -> int:

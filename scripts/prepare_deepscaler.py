@@ -20,10 +20,11 @@ from datautil import (
     FORMAT_SYSTEM_PROMPT,
     MATH_INSTRUCTION,
     DataError,
+    add_prompt_options,
     last_boxed,
     make_row,
     run_cli,
-    write_parquet_atomic,
+    write_or_report,
 )
 
 # Not a key of verl's default_compute_score: the recipe scores it with its custom MATH reward
@@ -160,11 +161,7 @@ def convert(
         f"{stats.rows} entries: {stats.train} train, {stats.test} test (seed {seed}), "
         f"{stats.skipped_no_problem} skipped without a problem, {stats.skipped_no_answer} skipped without an answer"
     )
-    if dry_run:
-        log(f"dry run: would write {', '.join(str(p) for p in tables)}")
-    else:
-        write_parquet_atomic(tables)
-        log(f"wrote {', '.join(str(p) for p in tables)}")
+    write_or_report(tables, dry_run, log)
     return stats
 
 
@@ -185,23 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=int, default=42, help="seed of the train/test shuffle (default: %(default)s)"
     )
-    parser.add_argument(
-        "--instruction",
-        default=MATH_INSTRUCTION,
-        help="text appended to each problem in the user turn ('' for none; default: %(default)r)",
-    )
-    parser.add_argument(
-        "--system-prompt",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="embed the recipe's answer-format instruction as a system message (default: on, because "
-        "DeepSeek-V3's chat template has no default system prompt)",
-    )
-    parser.add_argument(
-        "--data-source", default=DATA_SOURCE, help="value of the data_source column (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="read and convert, print the summary, write nothing"
+    add_prompt_options(
+        parser,
+        data_source=DATA_SOURCE,
+        system_prompt_default=True,
+        system_prompt_why="DeepSeek-V3's chat template has no default system prompt",
     )
     return parser
 

@@ -18,10 +18,11 @@ from datautil import (
     FORMAT_SYSTEM_PROMPT,
     MATH_INSTRUCTION,
     DataError,
+    add_prompt_options,
     last_boxed,
     make_row,
     run_cli,
-    write_parquet_atomic,
+    write_or_report,
 )
 
 # default_compute_score in verl 0.6.0 maps this name to its MATH scorer, so the data also scores
@@ -150,11 +151,7 @@ def convert(
             f"{split}: {st.rows} rows, {st.written} kept, {st.no_boxed} skipped without \\boxed{{}}, "
             f"{st.empty_problem} skipped with an empty problem"
         )
-    if dry_run:
-        log(f"dry run: would write {', '.join(str(p) for p in tables)}")
-    else:
-        write_parquet_atomic(tables)
-        log(f"wrote {', '.join(str(p) for p in tables)}")
+    write_or_report(tables, dry_run, log)
     return stats
 
 
@@ -171,23 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output-dir", required=True, type=Path, help="where train.parquet and test.parquet are written"
     )
-    parser.add_argument(
-        "--instruction",
-        default=MATH_INSTRUCTION,
-        help="text appended to each problem in the user turn ('' for none; default: %(default)r)",
-    )
-    parser.add_argument(
-        "--system-prompt",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="embed the recipe's answer-format instruction as an explicit system message; off by default "
-        "because the Qwen recipe's chat template supplies it",
-    )
-    parser.add_argument(
-        "--data-source", default=DATA_SOURCE, help="value of the data_source column (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="read and convert, print the summary, write nothing"
+    add_prompt_options(
+        parser,
+        data_source=DATA_SOURCE,
+        system_prompt_default=False,
+        system_prompt_why="the Qwen recipe's chat template supplies it",
     )
     return parser
 
