@@ -247,7 +247,7 @@ def _worker_and_rollout(eo, patched, explicit: bool):
             max_memory_allocated=lambda: 0,
             max_memory_reserved=lambda: 0,
         ),
-        "per_tensor_generator": lambda *a: iter(()),
+        "per_tensor_generator": lambda *a, **kw: iter(()),
         "load_megatron_model_to_gpu": world.record("load actor", megatron_load),
         "offload_megatron_model_to_cpu": world.record("offload actor", megatron_offload),
         "load_megatron_optimizer": world.record("load optimizer"),

@@ -352,6 +352,20 @@ class ExpertPlan:
                 by_dst.setdefault((stage, r.dst), []).append(r)
         return by_src, by_dst
 
+    @cached_property
+    def _moves_by_index(self) -> tuple[tuple[tuple[Move, ...], ...], ...]:
+        """Per stage, per local expert index: the moves of the experts at that index (see tensor_moves)."""
+        per = self.num_experts // self.train.ep
+        out = []
+        for routes in self.routes:
+            by_index: list[list[Move]] = [[] for _ in range(per)]
+            for r in routes:
+                pos = {x: i for i, x in enumerate(self.train.experts_held(r.src, self.num_experts))}
+                for x in r.experts:
+                    by_index[pos[x]].append(Move(r.src, r.dst, x))
+            out.append(tuple(tuple(sorted(ms, key=lambda m: (m.dst, m.src))) for ms in by_index))
+        return tuple(out)
+
     def sends(self, rank: int, stage: int) -> tuple[Route, ...]:
         """Routes out of `rank` (self included), by destination rank."""
         return tuple(sorted(self._index[0].get((stage, rank), ()), key=lambda r: r.dst))
@@ -846,3 +860,117 @@ def reshard_dense(
         full = tp_gather(prm, local[name]) if plan.stage_of[name] == my_stage else None
         out[name] = pp_broadcast(prm, full, prm.shape) if p > 1 else full
     return out
+
+
+# ----------------------------------------------------------------------------- per-tensor streaming
+#
+# A weight sync that streams one parameter at a time (verl's Megatron ``per_tensor_generator``) sees
+# one local expert tensor per (layer, parameter, local expert id): every holder of the owning stage
+# has the expert at that index of its local experts. The moves below are the plan's routes cut to
+# that index; summed over the local ids they are exactly the plan's (layer, parameter) figures.
+
+
+@dataclass(frozen=True)
+class Move:
+    """Training rank `src` gives rollout rank `dst` global expert `expert` (src == dst: a local copy)."""
+
+    src: int
+    dst: int
+    expert: int
+
+
+def tensor_moves(plan: ExpertPlan, stage: int, local_expert_id: int) -> tuple[Move, ...]:
+    """The plan's moves of the experts at local index `local_expert_id` of their holders in `stage`."""
+    if plan.method != ALLTOALLV:
+        raise ValueError(f"the plan falls back to the all-gather ({plan.reason}); it has no moves")
+    per = plan.num_experts // plan.train.ep
+    if not 0 <= local_expert_id < per:
+        raise ValueError(
+            f"local expert id {local_expert_id} is outside the {per} experts of a training EP rank"
+        )
+    return plan._moves_by_index[stage][local_expert_id]
+
+
+def tensor_step_traffic(
+    plan: ExpertPlan, rank: int, stage: int, local_expert_id: int, expert_nbytes: int
+) -> dict[str, int]:
+    """sent/recv/buffer/extra of `rank` for ONE local expert tensor; sent/recv/buffer sum to the plan's step."""
+    moves = tensor_moves(plan, stage, local_expert_id)
+    if all(m.src == m.dst for m in moves):  # local copies only: no collective, no buffer
+        return {"sent": 0, "recv": 0, "buffer": 0, "extra": 0}
+    out = [m for m in moves if m.dst == rank]
+    remote_dsts = [m.dst for m in moves if m.src == rank and m.dst != rank]
+    sent = len(remote_dsts) * expert_nbytes
+    recv = sum(1 for m in out if m.src != rank) * expert_nbytes
+    buffer = len(out) * expert_nbytes
+    # the tensor goes out as a view when it has at most one destination, else packed once per destination
+    sends = sum(1 for m in moves if m.src == rank)
+    pack = sends * expert_nbytes if sends > 1 else 0
+    return {"sent": sent, "recv": recv, "buffer": buffer, "extra": pack + buffer}
+
+
+def route_expert_tensor(
+    plan: ExpertPlan,
+    stage: int,
+    local_expert_id: int,
+    tensor: torch.Tensor | None,
+    *,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: Any = None,
+    group: Any = None,
+    meter: Meter | None = None,
+) -> list[tuple[int, torch.Tensor]]:
+    """One local expert tensor of `stage` to the rollout ranks that keep it; returns [(global expert id, tensor)].
+
+    `tensor` is this rank's expert at `local_expert_id` on the ranks of `stage` (None elsewhere); `shape` and
+    `dtype` are that tensor's. Every rank of `group` (rank i of the group = layout rank i) calls this for every
+    (layer, parameter, local expert id) in the same order. The result holds the experts with that local id that
+    this rank's rollout engine keeps, by ascending global id: exactly the ones the all-gather would have given
+    it among all experts. No collective is issued when every move is a local copy.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if world != plan.train.world_size:
+        raise ValueError(f"the group has {world} ranks, the plan {plan.train.world_size}")
+    moves = tensor_moves(plan, stage, local_expert_id)
+    mine = [m for m in moves if m.src == rank]
+    if mine and tensor is None:
+        raise ValueError(f"rank {rank} holds experts of stage {stage} and must pass its local tensor")
+    if device is None:
+        device = tensor.device if tensor is not None else "cpu"
+    numel = _numel(shape)
+    incoming = sorted((m for m in moves if m.dst == rank), key=lambda m: m.src)
+    esize = torch.empty((), dtype=dtype).element_size()
+    extra = 0
+    if all(m.src == m.dst for m in moves):
+        got = {m.expert: tensor.detach() for m in incoming}
+    else:
+        send_elems, recv_elems = [0] * world, [0] * world
+        for m in mine:
+            send_elems[m.dst] = numel
+        for m in incoming:
+            recv_elems[m.src] = numel
+        flat = tensor.detach().reshape(-1) if mine else None
+        if len(mine) > 1:
+            send = torch.cat([flat] * len(mine))  # one copy per destination, in destination order
+            extra += send.numel() * esize
+        elif mine:
+            send = flat.contiguous()
+        else:
+            send = torch.empty(0, dtype=dtype, device=device)
+        out = torch.empty(sum(recv_elems), dtype=dtype, device=device)
+        dist.all_to_all_single(out, send, recv_elems, send_elems, group=group)
+        extra += out.numel() * esize
+        got = {m.expert: out[i * numel : (i + 1) * numel].view(*shape) for i, m in enumerate(incoming)}
+        _record(
+            meter,
+            "experts/alltoallv",
+            sent=sum(n for d, n in enumerate(send_elems) if d != rank) * esize,
+            recv=sum(n for s, n in enumerate(recv_elems) if s != rank) * esize,
+            buffer=out.numel() * esize,
+            extra=extra,
+        )
+    return [(x, got[x]) for x in sorted(got)]

@@ -47,6 +47,7 @@ MCORE_DIR="${MCORE_DIR:-$RECIPE_DIR/model/DeepSeek-R1-mcore}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
 CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
+export RECIPE_MOE_RESHARD_DIR="${RECIPE_MOE_RESHARD_DIR:-$RECIPE_DIR}"
 RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -107,6 +108,10 @@ OVERRIDES=(
   # vLLM-Ascend 0.13.0 additional_config, declared by patch 0003 (the seed's 0.9-era torchair and
   # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
   'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
+  # Weight sync: each routed expert only to the rollout ranks that keep it (patch 0006), by this recipe's
+  # moe_reshard.py, which every Ray worker finds through RECIPE_MOE_RESHARD_DIR.
+  actor_rollout_ref.rollout.expert_reshard=alltoallv
+  +ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_MOE_RESHARD_DIR="$RECIPE_MOE_RESHARD_DIR"
   trainer.device=npu
   trainer.nnodes="$NNODES"
   trainer.n_gpus_per_node="$NPUS_PER_NODE"
