@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Run the qwen2_5 recipe's GRPO loop for a few steps on CPU with a tiny random model, through verl's own code.
+"""Run the qwen2_5 recipe's GRPO loop for a few steps on CPU with a tiny warm-started model, through verl's code.
 
 Fetches and patches verl 0.6.0 with the overlay tool, builds a tiny Qwen2 model and a tokenizer trained on
-the bundled problems (with the recipe's chat template), prepares the problems with prepare_math.py, then
-runs GRPO steps in this process: verl's RLHFDataset, HFRollout, NaiveRewardManager with
-new_math_reward.py, GRPO advantage and DataParallelPPOActor update, on a one-process gloo group.
+the bundled problems (with the recipe's chat template), warm-starts the model on the train problems in the
+recipe's answer format, prepares the problems with prepare_math.py, then runs GRPO steps in this process:
+verl's RLHFDataset, HFRollout, NaiveRewardManager with new_math_reward.py, GRPO advantage and
+DataParallelPPOActor update, on a one-process gloo group.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from demo.verl_env import DemoError
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT_REFUSED, EXIT_USAGE = 1, 2
+DEFAULT_WARM_START_STEPS = 400
 
 
 def _bool(text: str) -> bool:
@@ -32,7 +34,8 @@ def _bool(text: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Run a few GRPO steps of the qwen2_5 recipe on CPU with a tiny random model (verl 0.6.0, patched).",
+        description="Run a few GRPO steps of the qwen2_5 recipe on CPU with a tiny warm-started model "
+        "(verl 0.6.0, patched).",
     )
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps to run (default: %(default)s)")
     parser.add_argument(
@@ -43,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=REPO / "llm_rl" / "qwen2_5" / "verl",
         help="where the patched verl 0.6.0 tree is fetched and patched (default: llm_rl/qwen2_5/verl)",
+    )
+    parser.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=DEFAULT_WARM_START_STEPS,
+        metavar="N",
+        help="supervised steps on the train problems, in the recipe's answer format, before GRPO: the demo's "
+        "stand-in for the instruction-tuned checkpoint the recipe starts from; 0 keeps the random model, "
+        "whose rewards (and so GRPO advantages) are all 0 (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed for the model, data order and sampling")
     parser.add_argument(
@@ -71,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prepare_inputs(out: Path, seed: int, tree: Path) -> tuple[Path, dict[str, Path]]:
-    """Patched verl on sys.path, the bundled problems through prepare_math, the tiny checkpoint."""
-    from demo import problems, tiny_model, verl_env
+def _prepare_inputs(out: Path, seed: int, tree: Path, warm_start_steps: int) -> tuple[Path, dict[str, Path]]:
+    """Patched verl on sys.path, the bundled problems through prepare_math, the tiny (warm-started) checkpoint."""
+    from demo import problems, tiny_model, verl_env, warm_start
 
     verl_env.use_patched_tree(verl_env.materialise_patched_tree(tree))
     for shim in verl_env.cpu_shims():
@@ -83,9 +95,17 @@ def _prepare_inputs(out: Path, seed: int, tree: Path) -> tuple[Path, dict[str, P
     data = problems.prepare(out / "data", log=lambda msg: None)
     bundled = problems.load_problems()
     template = json.loads(tiny_model.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
-    texts = problems.render_prompts(bundled, template) + [p["solution"] for p in bundled]
+    responses = [warm_start.target_response(p["solution"]) for p in bundled]
+    texts = problems.render_prompts(bundled, template) + [p["solution"] for p in bundled] + responses
+    train = [p for p in bundled if p["split"] == "train"]
+
+    def prepare(model, tokenizer) -> None:
+        if warm_start_steps:
+            print(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
+            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
+
     model_dir = tiny_model.make_tiny_checkpoint(
-        out / "model", texts, tiny_model.RECIPE_TOKENIZER_CONFIG, seed
+        out / "model", texts, tiny_model.RECIPE_TOKENIZER_CONFIG, seed, prepare=prepare
     )
     print(f"data: {data['train'].parent}; model: {model_dir}")
     return model_dir, data
@@ -122,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         print("demo_grpo: --steps must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    if args.warm_start_steps < 0:
+        print("demo_grpo: --warm-start-steps must be 0 (off) or more", file=sys.stderr)
+        return EXIT_USAGE
     from demo import compare, grpo_loop, report
 
     start = time.perf_counter()
@@ -133,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = args.out.resolve()
     if args.dry_run:
-        print(f"would patch verl into {args.verl_tree}, write data and a tiny model under {out}, then run")
+        print(
+            f"would patch verl into {args.verl_tree}, write data and a tiny model under {out} "
+            f"({args.warm_start_steps} warm-start steps), then run"
+        )
         print(
             "\n".join(
                 grpo_loop.hydra_overrides(
@@ -145,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
-    model_dir, data = _prepare_inputs(out, args.seed, args.verl_tree.resolve())
+    model_dir, data = _prepare_inputs(out, args.seed, args.verl_tree.resolve(), args.warm_start_steps)
     if args.compare:
         runs = {}
         for recompute in (True, False):

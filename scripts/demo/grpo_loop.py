@@ -26,11 +26,13 @@ class DemoSettings:
     seed: int = 1
     recompute_old_log_prob: bool = True
     prompts_per_step: int = 4
-    n: int = 4
+    # Eight samples per prompt: enough that a warm-started tiny policy, right now and then, gets mixed
+    # rewards within a group, which is what gives GRPO a non-zero advantage.
+    n: int = 8
     max_prompt_length: int = 192
-    max_response_length: int = 48
+    max_response_length: int = 64
     micro_batch: int = 8
-    # The recipe's 1e-6 suits a pretrained 1.5B model; a random 60k-parameter one needs a larger step to move.
+    # The recipe's 1e-6 suits a pretrained 1.5B model; a 0.1M-parameter one needs a larger step to move.
     lr: float = 1e-4
     extra_overrides: tuple[str, ...] = ()
 
@@ -235,9 +237,15 @@ def grpo_step(t: Trainer, step: int) -> dict:
     scores = reward_tensor.sum(-1)
     pg_loss = sum(actor_metrics["actor/pg_loss"])
     kl_loss = sum(actor_metrics.get("actor/kl_loss", [0.0]))
+    varied, groups = groups_with_varied_reward(scores.tolist(), batch.non_tensor_batch["uid"].tolist())
+    # A response's advantage is one number spread over its tokens; the largest |value| per row is that number.
+    response_adv = (batch.batch["advantages"] * batch.batch["response_mask"]).abs().amax(-1)
     row = {
         "step": step,
         "responses": responses,
+        "groups": groups,
+        "groups/reward_varied": varied,
+        "advantage/nonzero_frac": float((response_adv > 0).float().mean()),
         "scored": len(reward_extra.get("score", [])),
         "reward/mean": float(scores.mean()),
         "reward/max": float(scores.max()),
@@ -258,6 +266,14 @@ def grpo_step(t: Trainer, step: int) -> dict:
             row[f"reward/{key}"] = _mean(values)
     row["weights/changed_from_init"] = weights_changed(t)
     return row
+
+
+def groups_with_varied_reward(scores: list[float], uids: list[str]) -> tuple[int, int]:
+    """(groups whose responses got different rewards, groups): only those give GRPO a non-zero advantage."""
+    by_uid: dict[str, set[float]] = {}
+    for score, uid in zip(scores, uids, strict=True):
+        by_uid.setdefault(uid, set()).add(score)
+    return sum(len(v) > 1 for v in by_uid.values()), len(by_uid)
 
 
 def weights_changed(t: Trainer) -> float:

@@ -16,6 +16,7 @@ PANELS = (
     ("loss", ("actor/loss", "actor/pg_loss")),
     ("KL to reference (low_var_kl)", ("actor/kl_loss",)),
     ("response length (tokens)", ("response_length/mean",)),
+    ("GRPO signal", ("advantage/nonzero_frac", "actor/grad_norm")),
 )
 
 
@@ -24,7 +25,8 @@ def step_line(row: dict) -> str:
     parts = [f"step {row['step']}", f"reward {row['reward/mean']:.3f}"]
     parts += [f"{name} {row[key]:.3f}" for key, name in COMPONENTS if key in row]
     parts += [
-        f"loss {row['actor/loss']:+.4g}",
+        f"varied groups {row['groups/reward_varied']}/{row['groups']}",
+        f"loss {row['actor/loss']:+.4g} (pg {row['actor/pg_loss']:+.3g})",
         f"kl {row['actor/kl_loss']:.3g}",
         f"len {row['response_length/mean']:.1f}",
         f"grad {row['actor/grad_norm']:.3g}",
@@ -56,15 +58,17 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_curves(rows: list[dict], path: Path, title: str) -> Path:
-    """A small 2x2 PNG of reward, loss, KL and response length over steps."""
+    """A small PNG of reward, loss, KL, response length and the GRPO signal over steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(2, 2, figsize=(8, 5.5), dpi=100)
-    for ax, (panel, keys) in zip(axes.flat, PANELS, strict=True):
+    fig, axes = plt.subplots(2, 3, figsize=(11, 5.5), dpi=100)
+    for ax in axes.flat[len(PANELS) :]:
+        ax.set_visible(False)
+    for ax, (panel, keys) in zip(axes.flat, PANELS, strict=False):
         for key in keys:
             if any(key in r for r in rows):
                 ax.plot(steps, [r.get(key, math.nan) for r in rows], marker="o", ms=3, label=key)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +14,7 @@ RECIPE_TOKENIZER_CONFIG = Path(__file__).resolve().parents[2] / "llm_rl" / "qwen
 class TinyShape:
     """Size of the demo model: small enough for two CPU cores."""
 
-    vocab_size: int = 640
+    vocab_size: int = 1024
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -85,15 +85,22 @@ def build_model(tokenizer, shape: TinyShape, seed: int):
 
 
 def make_tiny_checkpoint(
-    out_dir: Path, texts: list[str], tokenizer_config_path: Path, seed: int, shape: TinyShape = TinyShape()
+    out_dir: Path,
+    texts: list[str],
+    tokenizer_config_path: Path,
+    seed: int,
+    shape: TinyShape = TinyShape(),
+    prepare: Callable[[object, object], None] | None = None,
 ) -> Path:
-    """Train the tokenizer, build the model, save both into out_dir; return out_dir."""
+    """Train the tokenizer, build the model, let prepare(model, tokenizer) train it, save both; return out_dir."""
     tokenizer_config = json.loads(Path(tokenizer_config_path).read_text(encoding="utf-8"))
     # The template's own text (its default system prompt) is what every prompt starts with.
     tokenizer = train_tokenizer(
         [*texts, tokenizer_config["chat_template"]], tokenizer_config, shape.vocab_size
     )
     model = build_model(tokenizer, shape, seed)
+    if prepare is not None:
+        prepare(model, tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
