@@ -127,11 +127,17 @@ def _run_once(settings, model_dir: Path, data: dict[str, Path], out: Path, label
         bar.update(1)
         bar.write(report.step_line(row))
 
+    before = grpo_loop.evaluate(trainer)
     try:
         rows = grpo_loop.run_steps(trainer, settings.steps, on_row)
     finally:
         bar.close()
         metrics.close()
+    after = grpo_loop.evaluate(trainer)
+    (out / "eval.json").write_text(
+        json.dumps({"before": before, "after": after}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    print(report.eval_line(before, after))
     png = report.plot_curves(rows, out / "curves.png", f"tiny Qwen2 GRPO on CPU ({label})")
     print(f"wrote {metrics.path} ({len(rows)} rows) and {png}")
     return rows, trainer.actor_module.state_dict()

@@ -117,6 +117,22 @@ def test_output_a_person_reads(compare_run):
     assert "warm start step 400/400: response cross-entropy" in proc.stdout
 
 
+@pytest.mark.slow
+def test_held_out_test_set_is_scored_before_and_after(compare_run):
+    proc, out = compare_run
+    assert "test accuracy (greedy, 16 held-out problems, new_math_reward.py): " in proc.stdout
+    evals = {
+        run: json.loads((out / run / "eval.json").read_text(encoding="utf-8"))
+        for run in ("recompute", "skip")
+    }
+    for run in evals.values():
+        for when in ("before", "after"):
+            assert run[when]["problems"] == 16 and 0 <= run[when]["correct"] <= 16, run
+            assert 0 <= run[when]["reward"] <= 1, run
+    # Greedy decoding of the same start and the same update: both old-log-prob modes score the same.
+    assert evals["recompute"] == evals["skip"]
+
+
 def test_help_and_dry_run_change_nothing(tmp_path):
     proc = _demo("--help", timeout=120)
     assert proc.returncode == 0 and "--recompute-old-log-prob" in proc.stdout

@@ -281,6 +281,38 @@ def weights_changed(t: Trainer) -> float:
     return max(float((v - t.initial_params[k]).abs().max()) for k, v in t.actor_module.state_dict().items())
 
 
+def evaluate(t: Trainer) -> dict:
+    """Greedy answers to every test problem (data.val_files), scored by verl's reward manager with the reward file."""
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+    from verl.trainer.ppo.reward import compute_reward
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    from verl import DataProto
+
+    cfg = t.config
+    dataset = RLHFDataset(data_files=cfg.data.val_files, tokenizer=t.tokenizer, config=cfg.data)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+    gen_batch = batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
+    gen_batch.meta_info = {
+        "eos_token_id": t.tokenizer.eos_token_id,
+        "pad_token_id": t.tokenizer.pad_token_id,
+        "do_sample": False,
+        "validate": True,
+    }
+    counting, t.counter.enabled = t.counter.enabled, False
+    try:
+        batch = batch.union(t.rollout.generate_sequences(gen_batch))
+    finally:
+        t.counter.enabled = counting
+    batch.batch["response_mask"] = compute_response_mask(batch)
+    reward_tensor, extra = compute_reward(batch, t.reward_fn)
+    return {
+        "problems": len(batch),
+        "reward": float(reward_tensor.sum(-1).mean()),
+        "correct": int(sum(bool(c) for c in extra.get("correct", []))),
+    }
+
+
 def run_steps(t: Trainer, steps: int, on_row: Callable[[dict], None]) -> list[dict]:
     """Run the steps, handing each metrics row to on_row as it is made."""
     rows = []

@@ -36,6 +36,15 @@ def step_line(row: dict) -> str:
     return " | ".join(parts)
 
 
+def eval_line(before: dict, after: dict) -> str:
+    """Held-out test accuracy and reward (greedy) before and after the GRPO steps."""
+    n = before["problems"]
+    return (
+        f"test accuracy (greedy, {n} held-out problems, new_math_reward.py): {before['correct']}/{n} -> "
+        f"{after['correct']}/{n}, reward mean {before['reward']:.3f} -> {after['reward']:.3f}"
+    )
+
+
 class MetricsFile:
     """metrics.jsonl, one JSON object per step, flushed as each step ends."""
 
