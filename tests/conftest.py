@@ -67,6 +67,24 @@ def pristine_verl(_pristine_verl_master) -> Path:
 
 
 @pytest.fixture(scope="session")
+def patched_verl(tmp_path_factory, _pristine_verl_master):
+    """patched_verl(recipe) -> a copy of verl 0.6.0 with the recipe's series applied, shared: read it, never write."""
+    import overlay
+
+    trees: dict[str, Path] = {}
+
+    def make(recipe: str) -> Path:
+        if recipe not in trees:
+            tree = tmp_path_factory.mktemp(f"patched-{recipe}") / "verl-tree"
+            shutil.copytree(_pristine_verl_master, tree, symlinks=True)
+            overlay.apply_series(overlay.load_recipe(recipe), tree)
+            trees[recipe] = tree
+        return trees[recipe]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def vllm_wheel() -> Path:
     """The real vllm wheel pinned in constraints.txt (0.13.0; read as a zip, not installed)."""
     version = artifacts.pinned("vllm")

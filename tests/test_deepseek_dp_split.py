@@ -15,21 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-import overlay
-
 WORKERS = ("verl/workers/megatron_workers.py", "verl/workers/fsdp_workers.py")
 # (world, rollout tp, vLLM dp): the recipe's real (EP128) and random (EP256) variants on 256 dies, and smaller ones
 LAYOUTS = [(256, 2, 64), (256, 2, 128), (16, 2, 8), (8, 1, 4), (32, 4, 2), (8, 2, 1)]  # all > 1 engine
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory, _pristine_verl_master) -> Path:
-    import shutil
-
-    tree = tmp_path_factory.mktemp("ds-dp") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    overlay.apply_series(overlay.load_recipe("deepseek_r1"), tree)
-    return tree
+def patched(patched_verl) -> Path:
+    """The deepseek_r1-patched verl 0.6.0 tree (shared, read only)."""
+    return patched_verl("deepseek_r1")
 
 
 def _load(tree: Path, rel: str, name: str):

@@ -21,20 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import overlay
-
 MEGATRON = "verl/workers/megatron_workers.py"
 SPMD = "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py"
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory, _pristine_verl_master) -> Path:
-    import shutil
-
-    tree = tmp_path_factory.mktemp("ds-offload") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    overlay.apply_series(overlay.load_recipe("deepseek_r1"), tree)
-    return tree
+def patched(patched_verl) -> Path:
+    """The deepseek_r1-patched verl 0.6.0 tree (shared, read only)."""
+    return patched_verl("deepseek_r1")
 
 
 @pytest.fixture(scope="module")

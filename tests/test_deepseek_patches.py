@@ -17,14 +17,9 @@ DP_MODULE = "verl/utils/vllm/ascend_dp.py"
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory, _pristine_verl_master) -> Path:
-    """A deepseek_r1-patched copy of verl 0.6.0, shared by this module's tests (read only)."""
-    import shutil
-
-    tree = tmp_path_factory.mktemp("ds") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    overlay.apply_series(overlay.load_recipe("deepseek_r1"), tree)
-    return tree
+def patched(patched_verl) -> Path:
+    """The deepseek_r1-patched verl 0.6.0 tree (shared, read only)."""
+    return patched_verl("deepseek_r1")
 
 
 @pytest.fixture(scope="module")

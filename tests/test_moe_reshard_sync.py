@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import py_compile
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,8 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import overlay
 
 RECIPE = Path(__file__).resolve().parents[1] / "llm_rl" / "deepseek_r1"
 sys.path.insert(0, str(RECIPE))
@@ -42,11 +39,9 @@ HIDDEN, FFN = (
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory, _pristine_verl_master) -> Path:
-    tree = tmp_path_factory.mktemp("ds-reshard") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    overlay.apply_series(overlay.load_recipe("deepseek_r1"), tree)
-    return tree
+def patched(patched_verl) -> Path:
+    """The deepseek_r1-patched verl 0.6.0 tree (shared, read only)."""
+    return patched_verl("deepseek_r1")
 
 
 def test_patched_files_compile(patched, tmp_path):
