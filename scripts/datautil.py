@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -159,6 +160,20 @@ def write_parquet_atomic(tables: Mapping[Path, list[dict]]) -> None:
         for tmp, _ in pending:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def write_json_atomic(path: Path, obj, *, ensure_ascii: bool = True) -> None:
+    """Write obj as indented JSON through a temporary file in the same folder, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, ensure_ascii=ensure_ascii, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def add_prompt_options(

@@ -13,11 +13,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from datautil import DataError, run_cli
+from datautil import DataError, run_cli, write_json_atomic
 
 MODEL_TYPES = ("deepseek_v3",)
 _ABSENT = object()
@@ -104,16 +103,7 @@ def derive_file(
     if dry_run:
         log(f"dry run: would write {dst}")
         return derived
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(derived, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_json_atomic(dst, derived)
     log(f"wrote {dst}")
     return derived
 

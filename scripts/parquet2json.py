@@ -8,15 +8,12 @@ value {problem, level, type, solution}: the layout OpenCompass's MATHDataset rea
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datautil import DataError, run_cli
+from datautil import DataError, run_cli, write_json_atomic
 from prepare_math import read_columns
 
 COLUMNS = ("problem", "level", "type", "solution")
@@ -73,16 +70,7 @@ def to_math_json(
     if dry_run:
         log(f"dry run: would write {output}")
         return stats
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, ensure_ascii=False, indent=2)
-            fh.write("\n")
-        os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_json_atomic(output, result, ensure_ascii=False)
     log(f"wrote {output}")
     return stats
 
