@@ -14,18 +14,9 @@ RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
 case " $* " in *" --help "*|*" -h "*) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
-if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
-  # shellcheck disable=SC1091
-  set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
-fi
-
 # Ray workers inherit this environment from the raylet: set it here, on every node.
-export VLLM_USE_V1=1
-export VLLM_ASCEND_ENABLE_NZ="${VLLM_ASCEND_ENABLE_NZ:-0}"
-export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1800}"
-export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-3600}"
+# shellcheck source=llm_rl/deepseek_r1/env.sh
+source "$RECIPE_DIR/env.sh"
 export HCCL_HOST_SOCKET_PORT_RANGE="${HCCL_HOST_SOCKET_PORT_RANGE:-60000-60050}"
 export HCCL_NPU_SOCKET_PORT_RANGE="${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}"
 export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"

@@ -28,16 +28,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
-  # shellcheck disable=SC1091
-  set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
-fi
-export VLLM_USE_V1=1
-export VLLM_ASCEND_ENABLE_NZ="${VLLM_ASCEND_ENABLE_NZ:-0}"
-export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1800}"
-export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-3600}"
+# shellcheck source=llm_rl/deepseek_r1/env.sh
+source "$RECIPE_DIR/env.sh"
 
 NNODES="${NNODES:-16}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
