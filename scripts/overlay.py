@@ -5,6 +5,11 @@
     python scripts/overlay.py status qwen2_5 [--target DIR]
     python scripts/overlay.py apply  qwen2_5 [--target DIR] [--dry-run] [--force]
     python scripts/overlay.py revert qwen2_5 [--target DIR] [--dry-run] [--force]
+    python scripts/overlay.py apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
+
+An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
+recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
+and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
 
 Exit status: 0 done, 1 refused or conflicting, 2 usage.
 """
@@ -19,7 +24,7 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,6 +34,7 @@ import patchset  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "llm_rl"
+OVERLAYS = REPO / "patches"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 APPLIED, APPLICABLE, CONFLICTING = "applied", "applicable", "conflicting"
 
@@ -59,10 +65,16 @@ class Recipe:
     sdist: str
     sdist_sha256: str
     series: tuple[Path, ...]
+    tree: str = ""  # folder name of the default target; the project's name when empty
 
     @property
     def default_target(self) -> Path:
-        return self.folder / self.project
+        return self.folder / (self.tree or self.project)
+
+    @property
+    def cli(self) -> str:
+        """How the command line names this recipe ("qwen2_5", "qwen2_5 --with cpu")."""
+        return self.name.replace("+", " --with ")
 
 
 def recipe_names() -> list[str]:
@@ -102,13 +114,40 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         ) from exc
 
 
+def overlay_names() -> list[str]:
+    """Every overlay folder under patches/ that has a manifest."""
+    return sorted(p.parent.name for p in OVERLAYS.glob("*/overlay.toml"))
+
+
+def with_overlay(recipe: Recipe, name: str) -> Recipe:
+    """`recipe` with overlay `name`'s series after its own, aimed at llm_rl/<recipe>/verl-<name>/."""
+    manifest = OVERLAYS / name / "overlay.toml"
+    if not manifest.is_file():
+        raise UsageError(f"unknown overlay '{name}'; known overlays: {', '.join(overlay_names()) or 'none'}")
+    try:
+        with open(manifest, "rb") as fh:
+            data = tomllib.load(fh)
+        project, version = data["overlay"]["project"], data["overlay"]["version"]
+        series = tuple(REPO / p for p in data["patches"]["series"])
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise OverlayError(f"{manifest}: malformed manifest ({exc}); compare it with patches/cpu/overlay.toml") from exc
+    if (project, version) != (recipe.project, recipe.version):
+        raise OverlayError(
+            f"overlay {name} targets {project} {version}, recipe {recipe.name} pins "
+            f"{recipe.project} {recipe.version}; update {manifest.relative_to(REPO)}"
+        )
+    return replace(
+        recipe, name=f"{recipe.name}+{name}", series=recipe.series + series, tree=f"{recipe.project}-{name}"
+    )
+
+
 def load_series(recipe: Recipe) -> list[patchset.Patch]:
     """Parse every patch of the series; a missing or corrupt one refuses the whole series."""
     patches = []
     for path in recipe.series:
         if not path.is_file():
             raise OverlayError(
-                f"patch {path.relative_to(REPO)} named in {recipe.name}/recipe.toml is missing; restore it"
+                f"patch {path.relative_to(REPO)} named in the manifest of {recipe.name} is missing; restore it"
             )
         try:
             patches.append(patchset.parse(path))
@@ -125,7 +164,7 @@ def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = Fals
     root = Path(target) if target is not None else recipe.default_target
     if not root.exists():
         if target is None:
-            raise OverlayError(f"{root} does not exist; run: python scripts/overlay.py fetch {recipe.name}")
+            raise OverlayError(f"{root} does not exist; run: python scripts/overlay.py fetch {recipe.cli}")
         raise OverlayError(f"target {root} does not exist; pass the folder that contains {recipe.project}/")
     if not root.is_dir():
         raise OverlayError(f"target {root} is not a folder; pass the folder that contains {recipe.project}/")
@@ -450,6 +489,13 @@ def main(argv: list[str] | None = None) -> int:
     p_list.set_defaults(recipe=None)
     for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(recipe_names())}) or folder")
+        p.add_argument(
+            "--with",
+            dest="overlay",
+            metavar="OVERLAY",
+            help=f"also the series of patches/OVERLAY/ on top ({', '.join(overlay_names()) or 'none'}); "
+            "default tree llm_rl/<recipe>/verl-OVERLAY/",
+        )
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -463,8 +509,12 @@ def _run(args: argparse.Namespace) -> int:
         for name in recipe_names():
             recipe = load_recipe(name)
             print(f"{name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches")
+        for name in overlay_names():
+            print(f"--with {name}: patches/{name}/overlay.toml (on top of a recipe's series)")
         return EXIT_OK
     recipe = load_recipe(args.recipe)
+    if args.overlay:
+        recipe = with_overlay(recipe, args.overlay)
     if args.command == "fetch":
         dest = Path(args.dest) if args.dest else recipe.default_target
         if args.dry_run:
