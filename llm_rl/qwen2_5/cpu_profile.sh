@@ -1,0 +1,63 @@
+# The CPU profile of the Qwen2.5 launchers (sourced by run_qwen2_5_1_5b.sh for --cpu or PROFILE=cpu).
+#
+# It runs the recipe's own launch path (preflight, then verl.trainer.main_ppo with the recipe's
+# overrides) on a machine with no accelerator: verl's vLLM rollout on the vLLM 0.13.0 CPU build,
+# FSDP2 on gloo, a tiny Qwen2 checkpoint. Only what must shrink or what CPU needs is set here; the
+# recipe's overrides come first and these win over them, the user's arguments win over both.
+# The verl tree is llm_rl/qwen2_5/verl-cpu: the recipe's series plus patches/cpu/ (overlay.py --with cpu),
+# never the tree an NPU launch uses. `make e2e` drives this profile; see the recipe README.
+# shellcheck shell=bash disable=SC2034
+
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
+MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
+DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
+PREFLIGHT_PROFILE=(--with cpu --cpu)
+
+# vLLM's CPU build reserves ~12 GiB of KV cache by default; the tiny model needs far less.
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# Ray installs uvloop (a vLLM dependency) as the workers' event loop, and verl's
+# asyncio.get_event_loop() calls then fail in the worker: keep asyncio's own loop.
+export RAY_USE_UVLOOP=0
+# Two cores: one thread per process keeps Ray's workers and vLLM's engine from oversubscribing.
+export OMP_NUM_THREADS="${CPU_OMP_NUM_THREADS:-1}"
+export TOKENIZERS_PARALLELISM=false
+
+CPU_OVERRIDES=(
+  trainer.device=cpu
+  # Ray: verl's placement bundles ask for a GPU count and a lowercase "cpu" resource when
+  # trainer.device=cpu; the vLLM server actor (async mode) needs a CPU slot of its own.
+  +ray_kwargs.ray_init.num_cpus=8
+  +ray_kwargs.ray_init.num_gpus=1
+  +ray_kwargs.ray_init.resources={cpu:1}
+  +ray_kwargs.ray_init.include_dashboard=False
+  trainer.n_gpus_per_node=1
+  # FSDP1 refuses CPU parameters with sync_module_states; FSDP2 runs on gloo.
+  actor_rollout_ref.actor.strategy=fsdp2
+  actor_rollout_ref.ref.strategy=fsdp2
+  # flash-attn's varlen path (remove padding) does not exist on CPU.
+  actor_rollout_ref.model.use_remove_padding=False
+  # The sizes that shrink: batch 2 prompts x 4 samples, 32-token answers.
+  data.train_batch_size=2
+  data.max_prompt_length=192
+  data.max_response_length=64
+  actor_rollout_ref.rollout.n=4
+  actor_rollout_ref.actor.ppo_mini_batch_size=2
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.1
+  # One agent-loop worker (async mode) and no data-loader processes: each costs ~1 GiB here.
+  actor_rollout_ref.rollout.agent.num_workers=1
+  data.dataloader_num_workers=0
+  # vLLM's CPU platform has no sleep mode: keep the engine's memory, sync weights without it.
+  actor_rollout_ref.rollout.free_cache_engine=False
+  # vLLM's own log-probs of its samples: verl logs training/rollout_probs_diff_* (the sync proof).
+  actor_rollout_ref.rollout.calculate_log_probs=True
+  # The agent-loop (async) rollout reads the raw chat; harmless in sync mode.
+  data.return_raw_chat=True
+  trainer.val_before_train=False
+  trainer.test_freq=-1
+  trainer.total_epochs=1
+  trainer.save_freq=-1
+  'trainer.logger=[console,file]'
+)
