@@ -496,11 +496,13 @@ def _put(root: Path, txn: Path, entry: dict) -> None:
     if entry["staged"] is None:
         target.unlink(missing_ok=True)
         _prune_empty_dirs(target.parent, root)
-        _fsync_dir(target.parent if target.parent.exists() else root)
+        _fsync_dir(next(d for d in target.parents if d.exists()))
     else:
-        _make_parents(target.parent)
+        made = _make_parents(target.parent)
         os.replace(txn / entry["staged"], target)
-        _fsync_dir(target.parent)
+        # A new folder's own entry must reach the disk too, or a power loss could lose the file.
+        for folder in [target.parent, *(d.parent for d in made)]:
+            _fsync_dir(folder)
 
 
 def _undo(root: Path, txn: Path, done: list[_Change], failed: _Change, exc: OSError, op: str) -> None:
@@ -552,7 +554,7 @@ class Pending:
     foreign: list[str]  # neither old nor new: changed by hand since; recovery refuses
     view: dict[str, bytes | None]  # what the tree will hold once recovered (todo files only)
 
-    def summary(self) -> str:
+    def summary(self, refusing: bool = False) -> str:
         who = f" (pid {self.pid})" if self.pid else ""
         done = len(self.files) - len(self.todo) - len(self.foreign)
         text = (
@@ -560,8 +562,9 @@ class Pending:
             f"{done} of {len(self.files)} files; "
         )
         if self.foreign:
+            verdict = "nothing was changed" if refusing else "the next apply or revert will refuse"
             return text + (
-                f"{self.foreign[0]} has changed since, so the next apply or revert will refuse: "
+                f"{self.foreign[0]} has changed since, so {verdict}: "
                 f"put it back, or check the tree by hand and remove {self.journal.parent}"
             )
         return text + f"the next apply or revert on this tree completes the {self.op} first"
@@ -628,7 +631,7 @@ def recover(root: Path, steps: _Steps | None = None, log: Callable[[str], None] 
         _fsync_dir(root)
         return None
     if pending.foreign:
-        raise OverlayError(pending.summary().replace("the next apply or revert will refuse", "refusing"))
+        raise OverlayError(pending.summary(refusing=True))
     try:
         for entry in pending.todo:
             _put(root, txn, entry)
@@ -732,7 +735,7 @@ def _begin(
     if pending is None:
         return None
     if pending.foreign:
-        raise OverlayError(pending.summary())
+        raise OverlayError(pending.summary(refusing=True))
     log(pending.summary().replace("the next apply or revert on this tree", "a real run"))
     return pending.view
 
