@@ -849,9 +849,26 @@ def fetch(
     log(f"verified {archive.name} sha256 {recipe.sdist_sha256[:12]}...; unpacking")
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
         unpacked = artifacts.unpack_sdist(archive, Path(tmp) / "tree")
-        os.replace(unpacked, dest)
+        if not _settle(unpacked, dest, recipe, log):
+            return dest
     log(f"fetched {recipe.project} {recipe.version} (source distribution) into {dest}")
     return dest
+
+
+def _settle(tree: Path, dest: Path, recipe: Recipe, log: Callable[[str], None]) -> bool:
+    """Move a fetched tree to `dest`; False when another fetch put the pinned tree there first."""
+    try:
+        os.replace(tree, dest)
+        return True
+    except OSError as exc:
+        if tree_version(dest, recipe.project) != recipe.version:
+            raise OverlayError(
+                f"moving the fetched tree to {dest} failed ({exc.strerror}); nothing was fetched"
+            ) from exc
+    log(
+        f"{dest} was fetched by another command meanwhile ({recipe.project} {recipe.version}); nothing to fetch"
+    )
+    return False
 
 
 def _fetch_git(recipe: Recipe, dest: Path, log: Callable[[str], None]) -> Path:
@@ -873,7 +890,8 @@ def _fetch_git(recipe: Recipe, dest: Path, log: Callable[[str], None]) -> Path:
             raise OverlayError(
                 f"tag {recipe.tag} of {recipe.git_url} is commit {commit}, the manifest pins {recipe.commit}; refusing"
             )
-        os.replace(clone, dest)
+        if not _settle(clone, dest, recipe, log):
+            return dest
     log(f"fetched {recipe.project} {recipe.tag} (commit {recipe.commit[:12]}) into {dest}")
     return dest
 
