@@ -615,6 +615,16 @@ def read_pending(root: Path) -> Pending | None:
     )
 
 
+def leftovers(root: Path) -> str:
+    """A line naming what an interrupted command left behind that needs no recovery, or ''."""
+    if (root / TXN_NAME / JOURNAL_NAME).is_file():
+        return ""
+    found = [str(root / name) for name in (TXN_PREP, TXN_NAME) if (root / name).exists()]
+    if not found:
+        return ""
+    return f"leftovers of an interrupted overlay command, the tree itself consistent ({', '.join(found)})"
+
+
 def recover(root: Path, steps: _Steps | None = None, log: Callable[[str], None] = print) -> Pending | None:
     """Finish a write that was interrupted on `root` (call with the lock held); None if there was none."""
     steps = steps or _Steps()
@@ -727,10 +737,8 @@ def _begin(
     if not dry_run:
         recover(root, steps, log)
         return None
-    if (root / TXN_PREP).exists() and not (root / TXN_NAME).exists():
-        log(
-            f"leftovers of an interrupted command that changed nothing ({root / TXN_PREP}); a real run removes them"
-        )
+    if note := leftovers(root):
+        log(f"{note}; a real run removes them")
     pending = read_pending(root)
     if pending is None:
         return None
@@ -1025,10 +1033,8 @@ def _run(args: argparse.Namespace) -> int:
         _say(f"{recipe.name}: {len(states)} patches on {root} ({recipe.project} {tree_version(root)})")
         if pending:
             _say(f"  {pending.summary()}; the states below are the tree's once it does")
-        elif (root / TXN_PREP).exists():
-            _say(
-                f"  leftovers of an interrupted command that changed nothing ({root / TXN_PREP}); the next apply or revert removes them"
-            )
+        elif note := leftovers(root):
+            _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
         return EXIT_REFUSED if pending or any(s.state == CONFLICTING for s in states) else EXIT_OK
     dry = " (dry run: nothing written)" if args.dry_run else ""
