@@ -2,9 +2,9 @@
 """Fetch a recipe's pinned verl tree and apply, check or revert its patch series.
 
     python scripts/overlay.py fetch  qwen2_5
-    python scripts/overlay.py status qwen2_5 [--target DIR]
-    python scripts/overlay.py apply  qwen2_5 [--target DIR] [--dry-run] [--force]
-    python scripts/overlay.py revert qwen2_5 [--target DIR] [--dry-run] [--force]
+    python scripts/overlay.py status qwen2_5 [--target DIR] [--wait SECONDS]
+    python scripts/overlay.py apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
+    python scripts/overlay.py revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
     python scripts/overlay.py apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
 
 Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
@@ -508,8 +508,11 @@ def _put(root: Path, txn: Path, entry: dict) -> None:
 def _undo(root: Path, txn: Path, done: list[_Change], failed: _Change, exc: OSError, op: str) -> None:
     """A replace failed after the commit: put the files already replaced back, then raise."""
     try:
-        for index, ch in enumerate(reversed(done)):
+        # The failed one too: it may have failed after its file changed (pruning a folder).
+        for index, ch in enumerate(reversed([*done, failed])):
             target = _inside(root, ch.rel)
+            if _sha(_read(target)) == _sha(ch.old):
+                continue
             if ch.old is None:
                 target.unlink(missing_ok=True)
                 _prune_empty_dirs(target.parent, root)
@@ -533,10 +536,15 @@ def _undo(root: Path, txn: Path, done: list[_Change], failed: _Change, exc: OSEr
 
 def _finish(root: Path, txn: Path, steps: _Steps) -> None:
     """Step 4: the journal goes first, so a folder without one is known to be done."""
-    (txn / JOURNAL_NAME).unlink(missing_ok=True)
-    _fsync_dir(txn)
-    steps()
-    shutil.rmtree(txn)
+    try:
+        (txn / JOURNAL_NAME).unlink(missing_ok=True)
+        _fsync_dir(txn)
+        steps()
+        shutil.rmtree(txn)
+    except OSError as exc:
+        raise OverlayError(
+            f"every file is in place, but removing {txn} failed ({exc.strerror}); remove it by hand"
+        ) from exc
     _fsync_dir(root)
     steps()
 
@@ -628,29 +636,28 @@ def leftovers(root: Path) -> str:
 def recover(root: Path, steps: _Steps | None = None, log: Callable[[str], None] = print) -> Pending | None:
     """Finish a write that was interrupted on `root` (call with the lock held); None if there was none."""
     steps = steps or _Steps()
-    prep = root / TXN_PREP
-    if prep.exists():  # never committed: no file of the tree was touched yet
-        shutil.rmtree(prep)
-        _fsync_dir(root)
-    txn = root / TXN_NAME
-    if not txn.exists():
-        return None
-    pending = read_pending(root)
-    if pending is None:  # stopped while cleaning up: every file is already in place
-        shutil.rmtree(txn)
-        _fsync_dir(root)
-        return None
-    if pending.foreign:
-        raise OverlayError(pending.summary(refusing=True))
+    prep, txn = root / TXN_PREP, root / TXN_NAME
     try:
+        if prep.exists():  # never committed: no file of the tree was touched yet
+            shutil.rmtree(prep)
+            _fsync_dir(root)
+        if not txn.exists():
+            return None
+        pending = read_pending(root)
+        if pending is None:  # stopped while cleaning up: every file is already in place
+            shutil.rmtree(txn)
+            _fsync_dir(root)
+            return None
+        if pending.foreign:
+            raise OverlayError(pending.summary(refusing=True))
         for entry in pending.todo:
             _put(root, txn, entry)
             steps()
         _finish(root, txn, steps)
     except OSError as exc:
         raise OverlayError(
-            f"completing the interrupted {pending.op} on {root} failed at {exc.filename} ({exc.strerror}); "
-            f"fix that and run the command again"
+            f"finishing an interrupted overlay command on {root} failed at {exc.filename or root} "
+            f"({exc.strerror}); fix that and run the command again"
         ) from exc
     log(
         f"completed an interrupted {pending.op} of {pending.series or 'a series'} on {root} "
