@@ -24,8 +24,7 @@ for arg in "$@"; do
   esac
 done
 
-# With no --target the recipe's own tree (llm_rl/<recipe>/verl) is used: fetch it first.
-if [ "$action" = apply ] && [[ " ${args[*]-} " != *" --target "* ]] && [[ " ${args[*]-} " != *" --dry-run "* ]]; then
-  "$py" "$here/overlay.py" fetch "$recipe"
-fi
+# overlay.py parses every option before it fetches anything: `apply --fetch` fetches the
+# recipe's own tree (llm_rl/<recipe>/verl) only when no --target is given and it is absent.
+[ "$action" = apply ] && args+=(--fetch)
 exec "$py" "$here/overlay.py" "$action" "$recipe" ${args[@]+"${args[@]}"}
