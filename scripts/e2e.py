@@ -283,10 +283,14 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
         timer = threading.Timer(args.timeout, proc.kill)
         timer.start()
         try:
+            shown = 0
             for line in proc.stdout:
                 log.write(line)
-                if "step:" in line and " - " in line and "training/" in line:
-                    print(f"e2e: {name}: {_step_line(line)}", flush=True)
+                if "step:" in line and "training/" in line:  # verl's console line: a step is logged
+                    rows = read_metrics(run_dir / "metrics.jsonl")
+                    for row in rows[shown:]:
+                        print(f"e2e: {name}: {step_line(row)}", flush=True)
+                    shown = len(rows)
                 elif line.startswith("preflight: error") or "Error executing job" in line:
                     print(f"e2e: {name}: {line.strip()[:300]}", flush=True)
             rc = proc.wait()
@@ -307,18 +311,17 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
     return RunResult(name, wall, peak, rows, resumed_from)
 
 
-def _step_line(line: str) -> str:
-    """verl's console line cut to the figures worth watching."""
-    text = line.split("step:", 1)[1]
-    fields = dict(part.split(":", 1) for part in text.split(" - ")[1:] if ":" in part)
-    step = text.split(" - ", 1)[0].strip()
-    keep = (SCORE_KEY, ROLLOUT_KEY, STALE_KEY, "actor/pg_loss", "timing_s/step")
-    shown = [
-        f"{k.rsplit('/', 2)[-2] if k.endswith('/mean') else k.rsplit('/', 1)[-1]}={float(fields[k]):.4g}"
-        for k in keep
-        if k in fields
-    ]
-    return f"step {step}: " + ", ".join(shown)
+def step_line(row: dict) -> str:
+    """One step of verl's file logger, cut to the figures worth watching."""
+    keep = {
+        "reward": SCORE_KEY,
+        "rollout_gap": ROLLOUT_KEY,
+        "stale_gap": STALE_KEY,
+        "pg_loss": "actor/pg_loss",
+        "step_s": "timing_s/step",
+    }
+    shown = [f"{label}={float(row[key]):.4g}" for label, key in keep.items() if key in row]
+    return f"step {row['step']}: " + ", ".join(shown)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -326,10 +329,17 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            rows.append({"step": row["step"], **row["data"]})
+        except json.JSONDecodeError:
+            if n == len(lines):  # the trainer is writing it (or was killed while it did)
+                break
+            raise E2EError(f"{path}:{n} is not JSON; the file logger's output is corrupt") from None
+        rows.append({"step": row["step"], **row["data"]})
     return rows
 
 
