@@ -1,4 +1,4 @@
-"""Download and cache the pinned upstream artifacts (verl sdist, vllm / transformers wheels)."""
+"""Download and cache the pinned upstream artifacts (verl sdist, vllm / vllm-ascend / transformers wheels)."""
 
 from __future__ import annotations
 
@@ -116,6 +116,11 @@ def wheel(name: str, version: str) -> Path:
     """A binary wheel from the package index (not installed, only read)."""
     stem = name.replace("-", "_")
     return fetch_file(f"{stem}-{version}-*.whl", f"{name}=={version}", binary=True)
+
+
+def vllm_ascend_wheel() -> Path:
+    """The vllm-ascend wheel pinned in constraints.txt, read as source only (importing it needs torch_npu)."""
+    return wheel("vllm-ascend", pinned("vllm-ascend"))
 
 
 def unpack_sdist(archive: Path, dest: Path) -> Path:
