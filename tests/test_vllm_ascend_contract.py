@@ -287,3 +287,42 @@ def test_placement_guard_makes_the_reshard_fall_back(expert_reshard):
     )
     reason, logged, plan = expert_reshard._plan(None, layout)
     assert plan is None and not logged and "expert_map_record_path" in reason
+
+
+# --- vLLM 0.13's scheduler budget, which 0007 mirrors -----------------------------------------------------------
+
+
+def test_token_budget_matches_vllm_verify_max_model_len(vllm_whl, patched_verl):
+    fn = function(vllm_whl, "vllm/config/scheduler.py", "SchedulerConfig.verify_max_model_len")
+    fn.returns = None
+    namespace = {"logger": types.SimpleNamespace(warning=lambda *a, **k: None)}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "scheduler.py", "exec"), namespace)
+    verify = namespace["verify_max_model_len"]
+    path = patched_verl("deepseek_r1") / "verl/utils/vllm/token_budget.py"
+    spec = importlib.util.spec_from_file_location("token_budget_under_test", path)
+    budget = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(budget)
+
+    outcomes = set()
+    for tokens, model_len, chunked, seqs in itertools.product(
+        (256, 1024, 4096, 8192), (1024, 4096), (True, False), (256, 1024, 2048)
+    ):
+        config = types.SimpleNamespace(
+            max_num_batched_tokens=tokens,
+            enable_chunked_prefill=chunked,
+            max_num_seqs=seqs,
+            max_num_partial_prefills=1,
+            max_long_partial_prefills=1,
+            long_prefill_token_threshold=0,
+        )
+        try:
+            verify(config, model_len)
+            vllm_refuses = False
+        except ValueError:
+            vllm_refuses = True
+        ours = budget.token_budget_problem(tokens, model_len, chunked, seqs) is not None
+        assert ours == vllm_refuses, (tokens, model_len, chunked, seqs)
+        outcomes.add(vllm_refuses)
+    assert outcomes == {True, False}
+    # the seed's real-weight setting is one vLLM accepts
+    assert budget.token_budget_problem(1024, 1024 + 3072, True, 1024) is None

@@ -120,6 +120,8 @@ case "$VARIANT" in
   real) OVERRIDES+=(
     actor_rollout_ref.rollout.data_parallel_size=64
     actor_rollout_ref.rollout.expert_parallel_size=128
+    # 8192 -> 1024 against the real-weight OOM (seed); below max_model_len 4096, so it needs chunked prefill
+    # and patch 0007 (verl 0.6.0 refused the pair; vLLM 0.13 accepts it)
     actor_rollout_ref.rollout.max_num_batched_tokens=1024
     actor_rollout_ref.rollout.enable_chunked_prefill=True
     actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
