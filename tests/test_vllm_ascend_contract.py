@@ -2,7 +2,8 @@
 
 The wheels are downloaded into the cache and read as source with `ast`; nothing here imports vllm or vllm_ascend
 (vllm_ascend needs torch_npu). Each check states a fact a patch assumes; when a new release changes it, the failure
-names the file and function to re-read.
+names the file and function to re-read. The behaviour these facts imply is run on CPU tensors in
+tests/test_deepseek_weight_sync.py.
 """
 
 from __future__ import annotations
@@ -105,6 +106,118 @@ def _assignments(fn: ast.FunctionDef) -> dict[str, list[str]]:
 
 def _calls(fn: ast.AST) -> list[str]:
     return [_text(n) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+
+
+# --- the fused MoE: transposed after loading, transposed back only by wake_up ----------------------------------
+
+
+def test_unquantized_fused_moe_transposes_w13_and_w2_after_loading(vllm_ascend_wheel):
+    fn = function(
+        vllm_ascend_wheel, FUSED_MOE, "AscendUnquantizedFusedMoEMethod.process_weights_after_loading"
+    )
+    msg = where(vllm_ascend_wheel, FUSED_MOE, "AscendUnquantizedFusedMoEMethod.process_weights_after_loading")
+    assigned = _assignments(fn)
+    for name in ("w13", "w2"):
+        data = assigned.get(f"{name}_data", [""])[0]
+        assert f"layer.{name}_weight.data" in data and ".transpose(1, 2).contiguous()" in data, msg
+        assert any(
+            f"{name}_data" in v and "Parameter" in v for v in assigned.get(f"layer.{name}_weight", [])
+        ), msg
+    # sync_weights recognises the layer by this class name: the method AscendFusedMoE builds when unquantized
+    init = function(vllm_ascend_wheel, FUSED_MOE, "AscendFusedMoE.__init__")
+    assert "AscendUnquantizedFusedMoEMethod(self.moe_config)" in _calls(init), where(
+        vllm_ascend_wheel, FUSED_MOE, "AscendFusedMoE.__init__"
+    )
+
+
+def test_moe_runtime_layout_is_what_the_kernels_read(vllm_ascend_wheel):
+    """The grouped matmuls take w13/w2 as stored (need_trans defaults to False in the comm methods)."""
+    src = _source(vllm_ascend_wheel, "vllm_ascend/ops/fused_moe/moe_comm_method.py")
+    assert src.count("need_trans: bool = False") >= 1, f"{vllm_ascend_wheel.name}: re-read moe_comm_method.py"
+    text = _text(function(vllm_ascend_wheel, FUSED_MOE, "AscendUnquantizedFusedMoEMethod.apply"))
+    assert "w1=layer.w13_weight" in text and "w2=layer.w2_weight" in text, where(
+        vllm_ascend_wheel, FUSED_MOE, "AscendUnquantizedFusedMoEMethod.apply"
+    )
+
+
+def test_only_wake_up_transposes_the_moe_weights_back(vllm_ascend_wheel):
+    fn = function(vllm_ascend_wheel, WORKER, "NPUWorker.wake_up")
+    msg = where(vllm_ascend_wheel, WORKER, "NPUWorker.wake_up")
+    text = _text(fn)
+    # the shape test sync_weights mirrors: run-time w2 is [E, I, H], run-time w13 is [E, H, 2I]
+    assert "'w2_weight' in name and param.shape[2] == hidden_size" in text, msg
+    assert "'w13_weight' in name and param.shape[1] == hidden_size" in text, msg
+    assert text.count("param.transpose(1, 2)") == 2 and "setattr(parent_module, param_name" in text, msg
+    assert "hidden_size = self.vllm_config.model_config.hf_text_config.hidden_size" in text, msg
+    assert "if tags is None or 'weights' in tags" in text, msg
+    # nowhere else in the package are w13/w2 transposed back: explicit offload (no wake_up) must do it itself
+    with zipfile.ZipFile(vllm_ascend_wheel) as zf:
+        py = [n for n in zf.namelist() if n.endswith(".py") and "quantization" not in n]
+    transposing = []
+    for path in py:
+        tree = ast.parse(_source(vllm_ascend_wheel, path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                body = _text(node)
+                if re.search(r"w(13|2)_(weight|data)", body) and ".transpose(1, 2)" in body:
+                    transposing.append(f"{path}:{node.name}")
+    assert sorted(transposing) == sorted(
+        [f"{FUSED_MOE}:process_weights_after_loading", f"{WORKER}:wake_up"]
+    ), f"{vllm_ascend_wheel.name}: MoE transposes moved; re-read {transposing}"
+
+
+def test_sleep_mode_pool_and_nz_refusal(vllm_ascend_wheel):
+    """Sleep mode is CaMemAllocator's; wake_up refuses FRACTAL_NZ, whose default is on."""
+    load = _text(function(vllm_ascend_wheel, WORKER, "NPUWorker.load_model"))
+    assert 'allocator.use_memory_pool(tag="weights")' in load.replace("'", '"'), where(
+        vllm_ascend_wheel, WORKER, "NPUWorker.load_model"
+    )
+    sleep = _text(function(vllm_ascend_wheel, WORKER, "NPUWorker.sleep"))
+    assert "allocator.sleep(offload_tags=('weights',) if level == 1 else tuple())" in sleep, where(
+        vllm_ascend_wheel, WORKER, "NPUWorker.sleep"
+    )
+    wake = _text(function(vllm_ascend_wheel, WORKER, "NPUWorker.wake_up"))
+    assert wake.index("envs_ascend.VLLM_ASCEND_ENABLE_NZ") < wake.index("raise ValueError")
+    assert 'int(os.getenv("VLLM_ASCEND_ENABLE_NZ", 1))' in _source(vllm_ascend_wheel, ENVS).replace("'", '"')
+    camem = _source(vllm_ascend_wheel, "vllm_ascend/device_allocator/camem.py")
+    assert '"expandable_segments:True" not in conf' in camem, "camem.py: the README's allocator caveat moved"
+
+
+# --- MLA: W_UV / W_UK_T derived from kv_b_proj -------------------------------------------------------------------
+
+
+def test_mla_derives_w_uv_and_w_uk_t_from_kv_b_proj(vllm_ascend_wheel):
+    fn = function(vllm_ascend_wheel, MLA, "AscendMLAImpl.process_weights_after_loading")
+    msg = where(vllm_ascend_wheel, MLA, "AscendMLAImpl.process_weights_after_loading")
+    assigned = _assignments(fn)
+    assert any("self.kv_b_proj.weight.data" in v for v in assigned.get("kv_b_proj_weight", [])), msg
+    assert "kv_b_proj_weight.split" in assigned.get("(W_UK, W_UV)", [""])[0], msg
+    assert assigned.get("self.W_UV", [""])[0] == "W_UV.transpose(0, 1).contiguous()", msg
+    assert assigned.get("self.W_UK_T", [""])[0] == "W_UK.permute(1, 2, 0).contiguous()", msg
+    # ... and the forward reads the derived copies, not kv_b_proj
+    assert "self.W_UV" in _text(function(vllm_ascend_wheel, MLA, "AscendMLAImpl._v_up_proj")), msg
+    assert "self.W_UK_T" in _text(function(vllm_ascend_wheel, MLA, "AscendMLAImpl._q_proj_and_k_up_proj")), (
+        msg
+    )
+
+
+def test_deepseek_attention_runs_on_the_mla_backend(vllm_ascend_wheel):
+    fn = function(vllm_ascend_wheel, PLATFORM, "NPUPlatform.get_attn_backend_cls")
+    assert "(True, False): 'vllm_ascend.attention.mla_v1.AscendMLABackend'" in _text(fn), where(
+        vllm_ascend_wheel, PLATFORM, "NPUPlatform.get_attn_backend_cls"
+    )
+    impl = _text(function(vllm_ascend_wheel, MLA, "AscendMLABackend.get_impl_cls"))
+    assert "return AscendMLAImpl" in impl
+
+
+def test_vllm_runs_attention_post_load_through_the_layer(vllm_whl):
+    """vLLM's loader calls layer.process_weights_after_loading(dtype) on Attention / MLAAttention, which calls impl's."""
+    path = "vllm/model_executor/model_loader/utils.py"
+    text = _text(function(vllm_whl, path, "process_weights_after_loading"))
+    assert "isinstance(module, (Attention, MLAAttention))" in text
+    assert "module.process_weights_after_loading(model_config.dtype)" in text
+    layer = _text(function(vllm_whl, "vllm/attention/layer.py", "MLAAttention.process_weights_after_loading"))
+    assert "self.impl.process_weights_after_loading(act_dtype)" in layer
 
 
 # --- 0001 retired: vLLM-Ascend applies its patches itself -------------------------------------------------------

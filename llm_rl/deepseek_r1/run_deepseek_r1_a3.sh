@@ -90,9 +90,10 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # Sleep mode does not free device memory across machines on NPU (seed 000): patch 0004's explicit
-  # weight onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured
-  # graphs pointing at old addresses, so this path runs eager. Single node, graph mode instead:
+  # The seed found sleep mode not freeing device memory across A3 nodes: patch 0004's explicit weight
+  # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
+  # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
+  # (README, "Sleep mode or explicit offload"), graph mode instead:
   #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
   actor_rollout_ref.rollout.mode=sync
   actor_rollout_ref.rollout.explicit_offload=True
