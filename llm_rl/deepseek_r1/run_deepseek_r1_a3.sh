@@ -90,9 +90,10 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # Sleep mode does not free device memory across machines on NPU (seed 000): patch 0004's explicit
-  # weight onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured
-  # graphs pointing at old addresses, so this path runs eager. Single node, graph mode instead:
+  # The seed found sleep mode not freeing device memory across A3 nodes: patch 0004's explicit weight
+  # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
+  # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
+  # (README, "Sleep mode or explicit offload"), graph mode instead:
   #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
   actor_rollout_ref.rollout.mode=sync
   actor_rollout_ref.rollout.explicit_offload=True
@@ -120,6 +121,8 @@ case "$VARIANT" in
   real) OVERRIDES+=(
     actor_rollout_ref.rollout.data_parallel_size=64
     actor_rollout_ref.rollout.expert_parallel_size=128
+    # 8192 -> 1024 against the real-weight OOM (seed); below max_model_len 4096, so it needs chunked prefill
+    # and patch 0007 (verl 0.6.0 refused the pair; vLLM 0.13 accepts it)
     actor_rollout_ref.rollout.max_num_batched_tokens=1024
     actor_rollout_ref.rollout.enable_chunked_prefill=True
     actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
