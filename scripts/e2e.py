@@ -80,15 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lr",
         type=float,
-        default=2e-4,
+        default=1e-3,
         help="actor lr: large enough that the policy moves measurably in --steps steps (default: %(default)s)",
     )
     parser.add_argument(
         "--warm-start-steps",
         type=int,
-        default=200,
+        default=300,
         help="supervised steps that stand in for the instruct checkpoint (default: %(default)s)",
     )
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
     parser.add_argument("--min-stale", type=float, default=0.01, help="least stale gap at the last step")
     parser.add_argument(
         "--disable-weight-sync",
@@ -174,6 +175,10 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
     overrides = [
         f"trainer.total_training_steps={args.steps}",
+        # Four prompts x four samples: enough groups with mixed rewards (non-zero GRPO advantages)
+        # for the policy to move in three steps; one mini-batch keeps the update on-policy.
+        f"data.train_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
         # The recipe warms the lr up over 10 steps; three steps would then barely move the policy.
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
@@ -303,12 +308,25 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
     wall = time.perf_counter() - start
     if rc != 0:
         why = "timed out" if wall >= args.timeout else f"exit status {rc}"
-        raise E2EError(f"{name} run failed ({why}); the trainer's last lines are in {log_path}")
+        raise E2EError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
     print(f"e2e: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
     return RunResult(name, wall, peak, rows, resumed_from)
+
+
+def last_error(log_path: Path) -> str:
+    """The last line of a failed run's log that names an error (Python's, Ray's or the preflight's)."""
+    import re
+
+    pattern = re.compile(r"(\w+(Error|Exception)\b.*|preflight: error: .*|FAIL .*)")
+    found = "no error line in the log"
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = pattern.search(line)
+        if match and "Error executing job" not in line:
+            found = match.group(0).strip()
+    return found[:300]
 
 
 def step_line(row: dict) -> str:

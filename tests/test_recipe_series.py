@@ -12,6 +12,16 @@ import overlay
 from test_overlay import tree_hash
 
 RECIPES = overlay.recipe_names()
+# Every series the repository applies: each recipe's, and the CPU overlay on top of the Qwen recipe's
+# (the combination tests, make e2e and the launcher's CPU profile use).
+SERIES = [(name, None) for name in RECIPES] + [("qwen2_5", "cpu")]
+
+
+def _series(name: str, with_overlay: str | None):
+    recipe = overlay.load_recipe(name)
+    return overlay.with_overlay(recipe, with_overlay) if with_overlay else recipe
+
+
 DEP3_FIELDS = ("Description:", "Origin:", "Forwarded:", "Last-Update:")
 
 
@@ -43,14 +53,14 @@ def test_every_patch_has_a_header_and_a_table_row(name, repo_root):
 
 
 def test_no_orphan_patches(repo_root):
-    listed = {p for name in RECIPES for p in overlay.load_recipe(name).series}
+    listed = {p for name, extra in SERIES for p in _series(name, extra).series}
     on_disk = set(repo_root.glob("patches/**/*.patch")) | set(repo_root.glob("llm_rl/*/patches/*.patch"))
     assert on_disk - listed == set(), "patch files no series uses"
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_series_round_trip_on_the_sdist(name, verl_tree, pristine_verl):
-    recipe = overlay.load_recipe(name)
+@pytest.mark.parametrize("name,extra", SERIES, ids=[f"{n}+{e}" if e else n for n, e in SERIES])
+def test_series_round_trip_on_the_sdist(name, extra, verl_tree, pristine_verl):
+    recipe = _series(name, extra)
     pristine = tree_hash(verl_tree)
     assert [s.state for s in overlay.series_status(recipe, verl_tree)] == ["applicable"] * len(recipe.series)
 
@@ -73,3 +83,17 @@ def test_series_round_trip_on_the_sdist(name, verl_tree, pristine_verl):
 
     overlay.revert_series(recipe, verl_tree)
     assert tree_hash(verl_tree) == tree_hash(pristine_verl) == pristine
+
+
+def test_cpu_overlay_patches_are_documented_and_never_in_a_recipe(repo_root):
+    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
+    own = [p for p in cpu.series if p.is_relative_to(repo_root / "patches" / "cpu")]
+    assert own, "the CPU overlay lists no patch"
+    table = (repo_root / "patches" / "cpu" / "README.md").read_text()
+    for path in own:
+        header = overlay.patchset.parse(path).header
+        missing = [f for f in DEP3_FIELDS if not re.search(rf"^{f}", header, re.M)]
+        assert not missing, f"{path.name} header lacks {missing}"
+        assert path.name in table, f"{path.name} has no row in patches/cpu/README.md"
+    for name in RECIPES:
+        assert not set(own) & set(overlay.load_recipe(name).series), f"{name} lists a CPU-only patch"
