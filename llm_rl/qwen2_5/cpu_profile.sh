@@ -28,7 +28,7 @@ CPU_OVERRIDES=(
   # trainer.device=cpu; the vLLM server actor (async mode) needs a CPU slot of its own.
   +ray_kwargs.ray_init.num_cpus=8
   +ray_kwargs.ray_init.num_gpus=1
-  +ray_kwargs.ray_init.resources={cpu:1}
+  '+ray_kwargs.ray_init.resources={cpu:1}'
   +ray_kwargs.ray_init.include_dashboard=False
   trainer.n_gpus_per_node=1
   # FSDP1 refuses CPU parameters with sync_module_states; FSDP2 runs on gloo.

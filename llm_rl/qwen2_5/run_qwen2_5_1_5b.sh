@@ -31,8 +31,9 @@ for arg in "$@"; do
 done
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
-  # shellcheck source=cpu_profile.sh
-  cpu) source "$RECIPE_DIR/cpu_profile.sh" ;;
+  cpu)
+    # shellcheck source=cpu_profile.sh
+    source "$RECIPE_DIR/cpu_profile.sh" ;;
   *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
 esac
 
