@@ -261,11 +261,16 @@ class PeakMemory(threading.Thread):
         return self.peak / 2**30
 
 
-def _stop_ray(env: dict[str, str]) -> None:
-    """Ray's local cluster outlives a killed driver; take it down so the next run starts clean."""
-    ray = Path(sys.executable).parent / "ray"
-    if ray.exists():
-        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill what the run left behind: the launcher runs in a session of its own, and Ray's local
+    cluster (GCS, raylet, workers, vLLM's engine) in its process group. Only this run's processes
+    go, so another run on the machine (a second `make e2e`, a user's Ray) is left alone."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) -> RunResult:
@@ -285,6 +290,7 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
             cmd,
             cwd=REPO,
             env=env,
+            start_new_session=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -292,7 +298,7 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
         )
         watch = PeakMemory(proc.pid)
         watch.start()
-        timer = threading.Timer(args.timeout, proc.kill)
+        timer = threading.Timer(args.timeout, _reap, args=(proc,))
         timer.start()
         try:
             shown = 0
@@ -309,9 +315,8 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
         finally:
             timer.cancel()
             peak = watch.stop()
-            if proc.poll() is None:
-                proc.kill()
-            _stop_ray(env)
+            _reap(proc)
+            proc.wait()
     wall = time.perf_counter() - start
     if rc != 0:
         why = "timed out" if wall >= args.timeout else f"exit status {rc}"
