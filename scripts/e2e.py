@@ -215,7 +215,7 @@ def launcher_env(name: str, out: Path, model_dir: Path, data_dir: Path, disable_
     return env
 
 
-def seed_resume(out: Path) -> int:
+def seed_resume(out: Path) -> None:
     """Copy the sync run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
     src = out / "sync" / "ckpt" / "e2e_sync" / "global_step_2"
     if not (src / "actor").is_dir():
@@ -223,7 +223,6 @@ def seed_resume(out: Path) -> int:
     dest_root = out / "resume" / "ckpt" / "e2e_resume"
     shutil.copytree(src, dest_root / "global_step_2")
     (dest_root / "latest_checkpointed_iteration.txt").write_text("2")
-    return 2
 
 
 class PeakMemory(threading.Thread):
@@ -279,7 +278,8 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    resumed_from = seed_resume(out) if name == "resume" else None
+    if name == "resume":
+        seed_resume(out)
     env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync)
     cmd = ["bash", str(LAUNCHER), "--cpu", *run_overrides(name, args)]
     log_path = run_dir / "launcher.log"
@@ -324,8 +324,18 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
+    resumed_from = resumed_step(log_path)
     print(f"e2e: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
     return RunResult(name, wall, peak, rows, resumed_from)
+
+
+def resumed_step(log_path: Path) -> int | None:
+    """The step verl says it resumed from ("Found checkpoint: ... global_step_N"), or None."""
+    import re
+
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    found = re.findall(r"Found checkpoint:.*global_step_(\d+)", text)
+    return int(found[-1]) if found else None
 
 
 def last_error(log_path: Path) -> str:
@@ -401,10 +411,16 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
     """The pass/fail lines: steps done, resume point, and the weight-sync proof at each run's last step."""
     results = []
     for name, run in runs.items():
-        want = [3] if name == "resume" else list(range(1, args.steps + 1))
+        first = 3 if name == "resume" else 1
+        want = list(range(first, args.steps + 1))
         results.append(
             {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
         )
+        if name == "resume":
+            got = run["resumed_from_step"]
+            results.append(
+                {"run": name, "check": "resumed", "ok": got == 2, "detail": f"verl resumed from step {got}"}
+            )
         stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
         if stale is None or rollout is None:
             results.append({"run": name, "check": "weight sync", "ok": False, "detail": "metrics missing"})
