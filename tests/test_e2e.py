@@ -8,6 +8,7 @@ package index cannot be reached. The runs go through the recipe's launcher with 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,9 +92,15 @@ def test_vllm_samples_from_the_updated_weights(e2e_run, run):
     assert rollout <= stale / 5, f"{run}: rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
 
 
-def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, tmp_path):
+def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, e2e_run, tmp_path):
     """The negative control: with update_weights disabled in the rollout, the same check fails."""
-    proc, summary = _e2e(e2e_python, tmp_path / "e2e_nosync", "--runs", "sync", "--disable-weight-sync")
+    out = tmp_path / "e2e_nosync"
+    out.mkdir()
+    for inputs in ("model", "data"):  # the same tiny model and data (e2e.py reuses them by their stamp)
+        shutil.copytree(e2e_run[2] / inputs, out / inputs)
+    shutil.copy(e2e_run[2] / "inputs.json", out / "inputs.json")
+    proc, summary = _e2e(e2e_python, out, "--runs", "sync", "--disable-weight-sync")
+    assert "reusing" in proc.stdout
     assert summary, _tail(proc)
     assert proc.returncode == 1, _tail(proc)
     run = summary["runs"]["sync"]
