@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lr",
         type=float,
-        default=1e-3,
+        default=2e-3,
         help="actor lr: large enough that the policy moves measurably in --steps steps (default: %(default)s)",
     )
     parser.add_argument(
@@ -182,6 +182,10 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
         # The recipe warms the lr up over 10 steps; three steps would then barely move the policy.
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        # A tiny policy's rewards are sparse: a step whose groups all score alike has zero GRPO
+        # advantages and no gradient. A small entropy bonus keeps a gradient in every step (Adam
+        # then moves each weight by about lr), so the stale gap the sync is judged against grows.
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
         f"actor_rollout_ref.rollout.mode={'async' if name == 'async' else 'sync'}",
         "trainer.save_freq=2" if name == "sync" else "trainer.save_freq=-1",
         "trainer.resume_mode=auto" if name == "resume" else "trainer.resume_mode=disable",
