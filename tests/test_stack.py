@@ -237,3 +237,19 @@ def test_container_launcher_without_npu_devices_is_one_line():
         assert proc.stderr.count("\n") == 1 and "install the Ascend driver" in proc.stderr
     bad = _container("--devices", "0,x", "--dry-run")
     assert bad.returncode == 2 and "card numbers" in bad.stderr
+
+
+def test_installer_installs_the_launchers_default_loggers():
+    """The launchers default to console + tensorboard; the NPU stack must carry the package for it."""
+    import re
+
+    launchers = [
+        REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b.sh",
+        REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh",
+    ]
+    defaults = {re.search(r'LOGGER="\$\{LOGGER:-([a-z,]+)\}"', p.read_text()).group(1) for p in launchers}
+    assert defaults == {"console,tensorboard"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert any(line.startswith("+ ") and line.endswith(" tensorboard") for line in proc.stdout.splitlines())
