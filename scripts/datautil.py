@@ -283,6 +283,13 @@ def run_cli(main_fn, argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: {sys.executable} has no module {exc.name!r}; run with the Python that has the "
+            "repository's requirements (.venv/bin/python after `make setup`, or pip install -r requirements.txt)",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted; nothing was replaced", file=sys.stderr)
         return 1

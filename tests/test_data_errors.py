@@ -159,3 +159,17 @@ def test_written_files_follow_the_umask(work, umask, mode):
     assert [(str(p), oct(stat.S_IMODE(p.stat().st_mode))) for p in written] == [
         (str(p), oct(mode)) for p in written
     ]
+
+
+def test_python_without_pyarrow_is_told_which_python_to_use(work):
+    """A fresh shell's python3 without the requirements: one line naming the interpreter to use."""
+    blocked = (
+        "import runpy, sys; sys.modules['pyarrow'] = None; "
+        f"sys.path.insert(0, {str(SCRIPTS)!r}); "
+        "sys.argv = ['prepare_math.py', '--input-dir', 'math', '--output-dir', 'o']; "
+        f"runpy.run_path({str(SCRIPTS / 'prepare_math.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", blocked], cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "has no module 'pyarrow'" in proc.stderr
+    assert "make setup" in proc.stderr and not (work / "o").exists()
