@@ -194,3 +194,10 @@ def test_tensorboard_logs_next_to_the_run_log(tmp_path, verl_tree):
     proc = _run(QWEN, [], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"TB={tmp_path}/run_log/tensorboard/qwen2_5_1_5b_math_single" in proc.stdout
+
+
+def test_cpu_profile_keeps_its_own_logger(tmp_path, verl_tree):
+    """The CPU profile's [console,file] (the e2e driver reads the file logger) wins over the new default."""
+    proc = _run(QWEN, ["--cpu", "--dry-run"], _env(tmp_path, verl_tree))
+    assert proc.returncode == 0, proc.stderr
+    assert "trainer.logger = ['console', 'file']" in proc.stdout
