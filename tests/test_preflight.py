@@ -201,3 +201,9 @@ def test_cpu_profile_keeps_its_own_logger(tmp_path, verl_tree):
     proc = _run(QWEN, ["--cpu", "--dry-run"], _env(tmp_path, verl_tree))
     assert proc.returncode == 0, proc.stderr
     assert "trainer.logger = ['console', 'file']" in proc.stdout
+
+
+def test_card_count_that_is_not_a_number_is_one_line(tmp_path, verl_tree):
+    proc = _run(QWEN4, ["--dry-run"], _env(tmp_path, verl_tree, NPUS="four"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "run_qwen2_5_1_5b.sh: NPUS must be a card count (1, 4, ...), not 'four'\n"
