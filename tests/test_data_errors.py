@@ -154,7 +154,13 @@ def test_written_files_follow_the_umask(work, umask, mode):
         _tool("prepare_deepscaler.py", ["--input", "ds.json", "--output-dir", "d"], work, umask).returncode
         == 0
     )
+    (work / "v3.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": 4}))
+    derived = _tool(
+        "derive_deepseek_config.py", ["--input", "v3.json", "--output", "cfg/config.json"], work, umask
+    )
+    assert derived.returncode == 0, derived.stderr
     written = [work / "o" / "train.parquet", work / "o" / "test.parquet", work / "j" / "m.json"]
+    written += [work / "cfg" / "config.json"]
     written += [work / "d" / "train.parquet", work / "d" / "test.parquet"]
     assert [(str(p), oct(stat.S_IMODE(p.stat().st_mode))) for p in written] == [
         (str(p), oct(mode)) for p in written
