@@ -141,21 +141,66 @@ def row_schema():
     )
 
 
+def file_mode() -> int:
+    """The mode a new file gets under the process's umask (0644 under umask 022)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read the umask by setting it, then put it back at once
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def check_destination(path: Path) -> None:
+    """Refuse, before anything is written, an output that is a folder or lies under a file."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder, not a file; remove it or choose another output path")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise DataError(f"{parent} is a file, not a folder; choose another output path")
+            break
+
+
+def _temp_beside(path: Path) -> str:
+    """A new temporary file next to path, with the mode the umask gives (mkstemp's own is 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _write_failed(path: Path, exc: OSError) -> DataError:
+    why = exc.strerror or type(exc).__name__
+    return DataError(f"cannot write {path} ({why}); choose a writable output path; nothing was replaced")
+
+
 def write_parquet_atomic(tables: Mapping[Path, list[dict]]) -> None:
     """Write each row list to its path; every file is written to a temporary first, then all are renamed."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    for path in tables:
+        check_destination(path)
     pending: list[tuple[str, Path]] = []
+    current = None
     try:
         for path, rows in tables.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
+            current = path
+            tmp = _temp_beside(path)
             pending.append((tmp, path))
             pq.write_table(pa.Table.from_pylist(rows, schema=row_schema()), tmp)
         for tmp, path in pending:
+            current = path
             os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_failed(current, exc) from exc
     finally:
         for tmp, _ in pending:
             if os.path.exists(tmp):
@@ -164,16 +209,37 @@ def write_parquet_atomic(tables: Mapping[Path, list[dict]]) -> None:
 
 def write_json_atomic(path: Path, obj, *, ensure_ascii: bool = True) -> None:
     """Write obj as indented JSON through a temporary file in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    check_destination(path)
+    tmp = None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        tmp = _temp_beside(path)
+        with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(obj, fh, ensure_ascii=ensure_ascii, indent=2)
             fh.write("\n")
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_failed(path, exc) from exc
     finally:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_json(path: Path, what: str):
+    """The JSON value in path, or DataError naming why it cannot be read (what: the file's role)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text ({exc.reason}); is it {what}?") from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "the download is damaged or incomplete, fetch it again"
+        ) from exc
+    except RecursionError as exc:
+        raise DataError(f"{path} nests JSON too deeply to read; is it {what}?") from exc
+    except OSError as exc:
+        raise DataError(f"cannot read {path} ({exc.strerror or type(exc).__name__})") from exc
 
 
 def add_prompt_options(
@@ -216,6 +282,13 @@ def run_cli(main_fn, argv: list[str] | None = None) -> int:
         return main_fn(argv)
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: {sys.executable} has no module {exc.name!r}; run with the Python that has the "
+            "repository's requirements (.venv/bin/python after `make setup`, or pip install -r requirements.txt)",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; nothing was replaced", file=sys.stderr)

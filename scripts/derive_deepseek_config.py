@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from datautil import DataError, run_cli, write_json_atomic
+from datautil import DataError, load_json, run_cli, write_json_atomic
 
 MODEL_TYPES = ("deepseek_v3",)
 _ABSENT = object()
@@ -84,11 +84,7 @@ def derive_file(
         raise DataError(
             f"output {dst} is the input; write the derived config somewhere else (e.g. the BF16 model folder)"
         )
-    try:
-        with open(src, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{src} is not valid JSON ({exc}); download it again") from exc
+    config = load_json(src, "a model config.json")
     if not isinstance(config, dict):
         raise DataError(f"{src} holds a JSON {type(config).__name__}, not a model config")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Ascend training stack on an NPU host (or in the Docker image), in the seed's order:
 #   1. the repository's requirements (and verl's requirements-npu.txt when the tree has one),
-#      resolved under constraints.txt;
+#      resolved under constraints.txt, and tensorboard (the launchers' default logger);
 #   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
 #   3. pip uninstall uvloop (it breaks Ray's asyncio loop; requirements may pull it back in);
@@ -45,6 +45,7 @@ pip_c -r requirements.txt
 if [ -f "$VERL_DIR/requirements-npu.txt" ]; then
   pip_c -r "$VERL_DIR/requirements-npu.txt"
 fi
+pip_c tensorboard
 
 pip_c --index-url "$TORCH_INDEX_URL" torch
 pip_c torch_npu

@@ -33,11 +33,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10 and older: say so in one line instead of a traceback
+    sys.exit(
+        f"overlay: error: Python {sys.version.split()[0]} ({sys.executable}) has no tomllib; "
+        "the tool needs Python 3.11 or newer: run it with python3.11, or with .venv/bin/python (make setup)"
+    )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -936,6 +943,37 @@ def _silence(stream) -> None:
         pass
 
 
+def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> str | None:
+    """When the tree carries another recipe's (or overlay's) series, a line saying which and what to do."""
+    ours = set(recipe.series)
+    best: tuple[int, Recipe, int] | None = None
+    for name in recipe_names():
+        for overlay in (None, *overlay_names()):
+            try:
+                other = load_recipe(name)
+                other = with_overlay(other, overlay) if overlay else other
+            except OverlayError:
+                continue
+            if other.name == recipe.name or other.version != recipe.version:
+                continue
+            try:
+                states = inspect_tree(other, root, wait)[0]
+            except OverlayError:
+                continue
+            foreign = sum(1 for s in states if s.state == APPLIED and s.patch.source not in ours)
+            applied = sum(1 for s in states if s.state == APPLIED)
+            if foreign and (best is None or (foreign, applied) > (best[0], best[2])):
+                best = (foreign, other, applied)
+    if best is None:
+        return None
+    _, other, applied = best
+    return (
+        f"this tree carries recipe {other.cli}'s series ({applied} of {len(other.series)} patches applied), "
+        f"not only {recipe.cli}'s: revert it first (overlay.py revert {other.cli} --target {root}) "
+        f"or give {recipe.cli} a tree of its own (overlay.py fetch {recipe.cli} --dest DIR)"
+    )
+
+
 def _print_states(states: list[PatchState], root: Path) -> None:
     for st in states:
         rel = st.patch.source.relative_to(REPO) if st.patch.source.is_relative_to(REPO) else st.patch.source
@@ -999,8 +1037,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["apply"].add_argument(
         "--fetch", action="store_true", help="without --target: fetch the recipe's tree first if it is absent"
     )
-    p_list = sub.add_parser("list", help="list the recipes and their series")
-    p_list.set_defaults(recipe=None)
+    p_list = sub.add_parser("list", help="list the recipes and overlays, or one recipe's series in order")
+    p_list.add_argument("recipe", nargs="?", help="show this recipe's patches, in series order")
+    p_list.add_argument("--with", dest="overlay", metavar="OVERLAY", help="with this overlay's series on top")
     for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(recipe_names())}) or folder")
         p.add_argument(
@@ -1014,6 +1053,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "list" and args.recipe:
+        recipe = load_recipe(args.recipe)
+        if args.overlay:
+            recipe = with_overlay(recipe, args.overlay)
+        _say(f"{recipe.name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches, in order:")
+        for patch in recipe.series:
+            _say(f"  {patch.relative_to(REPO) if patch.is_relative_to(REPO) else patch}")
+        return EXIT_OK
     if args.command == "list":
         for name in recipe_names():
             recipe = load_recipe(name)
@@ -1043,10 +1090,17 @@ def _run(args: argparse.Namespace) -> int:
         elif note := leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
+        if any(s.state == CONFLICTING for s in states) and (note := carried_series(recipe, root, args.wait)):
+            _say(f"  {note}")
         return EXIT_REFUSED if pending or any(s.state == CONFLICTING for s in states) else EXIT_OK
     dry = " (dry run: nothing written)" if args.dry_run else ""
     if args.command == "apply":
-        states = apply_series(recipe, root, args.dry_run, args.force, args.wait, _say)
+        try:
+            states = apply_series(recipe, root, args.dry_run, args.force, args.wait, _say)
+        except OverlayError as exc:
+            if " does not apply: " in str(exc) and (note := carried_series(recipe, root, args.wait)):
+                raise OverlayError(f"{exc}; {note}") from exc
+            raise
         todo = [s for s in states if s.state == APPLICABLE]
         if not todo:
             _say(f"{recipe.name}: all {len(states)} patches already applied on {root}; nothing to do")

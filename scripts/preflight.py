@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 NPU_DEVICE_GLOB = "/dev/davinci[0-9]*"
 # Checks that need the real machine's files or devices: a dry run reports them as warnings.
-MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu")
+MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger")
 
 # What the printed summary shows of the composed config (missing keys are left out).
 KEY_FACTS = (
@@ -58,6 +58,8 @@ KEY_FACTS = (
     "trainer.total_epochs",
     "trainer.save_freq",
     "trainer.logger",
+    "trainer.resume_mode",
+    "trainer.max_actor_ckpt_to_keep",
 )
 
 
@@ -120,8 +122,8 @@ def _one_line(text: str) -> str:
     return "; ".join(part.strip().rstrip(".") for part in str(text).splitlines() if part.strip())
 
 
-def compose(verl_dir: Path, config_name: str, overrides: list[str]):
-    """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved."""
+def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: bool = True):
+    """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved unless told."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -136,7 +138,8 @@ def compose(verl_dir: Path, config_name: str, overrides: list[str]):
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        if resolve:
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as exc:
         cause = f" ({_one_line(exc.__cause__)})" if exc.__cause__ else ""
         raise PreflightError(
@@ -146,6 +149,49 @@ def compose(verl_dir: Path, config_name: str, overrides: list[str]):
     finally:
         GlobalHydra.instance().clear()
     return cfg
+
+
+def _kind(value) -> str | None:
+    """The scalar type a config default fixes for its key (None: anything goes)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return None
+
+
+_KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number"}
+
+
+def check_override_types(base, cfg, overrides: list[str]) -> None:
+    """Refuse an override whose value is not of the type verl's own default has (trainer.nnodes=abc)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    final: dict[str, str] = {}  # Hydra applies overrides in order: the last one of a key counts
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if sep and not key.startswith(("+", "~")) and "/" not in key and "@" not in key:
+            final.pop(key, None)
+            final[key] = raw  # a new key has no default; group selections and deletions are Hydra's business
+    for key, raw in final.items():
+        try:
+            default = OmegaConf.select(base, key, default=None)
+            value = OmegaConf.select(cfg, key, default=None)
+        except OmegaConfBaseException:
+            continue
+        want = _kind(default)
+        if want is None or value is None:
+            continue
+        got = _kind(value)
+        if got == want or (want == "float" and got == "int"):
+            continue
+        raise PreflightError(
+            f"{key}={raw}: verl's config expects {_KIND_WORDS[want]} there (default {default!r}); "
+            "fix the value (an environment variable such as NNODES or NPUS ends up here too)"
+        )
 
 
 def _as_list(value) -> list[str]:
@@ -169,12 +215,11 @@ def check_model(cfg) -> Check:
 
 
 def check_data(cfg) -> Check:
-    """Every train and validation file named in the config exists."""
+    """Every train and validation file exists, and the training set fills at least one batch."""
     from omegaconf import OmegaConf
 
-    files = _as_list(OmegaConf.select(cfg, "data.train_files")) + _as_list(
-        OmegaConf.select(cfg, "data.val_files")
-    )
+    train = _as_list(OmegaConf.select(cfg, "data.train_files"))
+    files = train + _as_list(OmegaConf.select(cfg, "data.val_files"))
     missing = [f for f in files if not Path(os.path.expanduser(f)).is_file()]
     if missing:
         return Check(
@@ -182,19 +227,124 @@ def check_data(cfg) -> Check:
             "FAIL",
             f"{', '.join(missing)} not found; prepare the data set (see the recipe README) or set DATA_DIR",
         )
-    return Check("data", "ok", ", ".join(files))
+    batch = OmegaConf.select(cfg, "data.train_batch_size")
+    try:
+        rows = sum(parquet_rows(Path(os.path.expanduser(f))) for f in train)
+    except PreflightError as exc:
+        return Check("data", "FAIL", str(exc))
+    if rows is None or not isinstance(batch, int) or batch <= 0:
+        return Check("data", "ok", ", ".join(files))
+    steps = rows // batch
+    if steps == 0:
+        # Not a machine check: the files are here and too small, so a dry run fails too.
+        return Check(
+            "data size",
+            "FAIL",
+            f"{rows} training rows fill no batch of data.train_batch_size={batch} (verl drops the last "
+            f"partial batch, so training would run zero steps); set data.train_batch_size to at most {rows} "
+            "or add data",
+        )
+    epochs = OmegaConf.select(cfg, "trainer.total_epochs")
+    plan = f"{rows} train rows = {steps} steps/epoch at batch {batch}"
+    if isinstance(epochs, int):
+        plan += f", {steps * epochs} steps in {epochs} epochs (fewer if long prompts are filtered)"
+    return Check("data", "ok", f"{', '.join(files)}; {plan}")
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The row count in a parquet file's footer (None for another format or without pyarrow)."""
+    if path.suffix != ".parquet":
+        return None
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise PreflightError(
+            f"{path} is not a readable parquet file ({_one_line(exc)}); prepare the data again"
+        ) from None
 
 
 def check_reward(cfg) -> Check:
-    """The custom reward file, when one is configured, exists."""
+    """The custom reward file exists, loads, and has the named function taking verl's arguments."""
     from omegaconf import OmegaConf
 
     path = OmegaConf.select(cfg, "custom_reward_function.path")
     if not path:
         return Check("reward", "ok", "verl's default reward")
-    if not Path(os.path.expanduser(str(path))).is_file():
-        return Check("reward", "FAIL", f"{path} not found; restore it from the repository checkout")
-    return Check("reward", "ok", f"{path}:{OmegaConf.select(cfg, 'custom_reward_function.name')}")
+    name = OmegaConf.select(cfg, "custom_reward_function.name")
+    file = Path(os.path.expanduser(str(path)))
+    if not file.is_file():
+        if file.resolve().is_relative_to(REPO):
+            fix = "restore it from the repository checkout (git checkout -- <file>)"
+        else:
+            fix = "fix custom_reward_function.path to name your reward file"
+        return Check("reward", "FAIL", f"{path} not found; {fix}")
+    manager = OmegaConf.select(cfg, "reward_model.reward_manager", default="naive") or "naive"
+    kwargs = OmegaConf.select(cfg, "custom_reward_function.reward_kwargs", default=None)
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else {}
+    problem = reward_function_problem(file, str(name), str(manager), kwargs)
+    if problem:
+        # A file that loads but lacks the function (or takes other arguments) is wrong on every machine,
+        # so it fails a dry run too; a missing file or import may be this machine's ("reward").
+        kind, why = problem
+        return Check("reward fn" if kind == "function" else "reward", "FAIL", why)
+    return Check("reward", "ok", f"{path}:{name} ({manager} reward manager)")
+
+
+# The keyword arguments verl 0.6.0's reward managers call the function with (reward/*.py).
+REWARD_CALL = {
+    "batch": ("data_sources", "solution_strs", "ground_truths", "extra_infos"),
+    "default": ("data_source", "solution_str", "ground_truth", "extra_info"),
+}
+
+
+def reward_function_problem(
+    file: Path, name: str, manager: str, reward_kwargs: dict
+) -> tuple[str, str] | None:
+    """Why verl could not call `name` from `file`, as ("load" | "function", message); None when it can."""
+    import difflib
+    import importlib.util
+    import inspect
+
+    spec = importlib.util.spec_from_file_location(f"_preflight_reward_{abs(hash(str(file)))}", file)
+    if spec is None or spec.loader is None:
+        return (
+            "load",
+            f"{file} cannot be loaded as a Python module; custom_reward_function.path must name a .py file",
+        )
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error it raises is reported, not re-raised
+        return (
+            "load",
+            f"{file} fails to load ({type(exc).__name__}: {_one_line(exc)}); fix the file or its imports",
+        )
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+        )
+        close = difflib.get_close_matches(name, functions, n=1)
+        hint = (
+            f"did you mean {close[0]}?" if close else f"it has {', '.join(functions) or 'no public function'}"
+        )
+        return "function", f"{file} has no function {name!r} (custom_reward_function.name); {hint}"
+    args = REWARD_CALL["batch" if manager == "batch" else "default"]
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(args), **reward_kwargs)
+    except TypeError as exc:
+        return "function", (
+            f"{name}() in {file} cannot take verl's {manager} reward manager call "
+            f"({', '.join(args)}{', ' if reward_kwargs else ''}{', '.join(reward_kwargs)}): {exc}; "
+            "fix its parameters or custom_reward_function.name"
+        )
+    except ValueError:
+        pass  # no signature to read (a builtin): verl will find out
+    return None
 
 
 def check_npu() -> Check:
@@ -272,15 +422,15 @@ def install_tokenizer(cfg, tokenizer_config: Path) -> Check:
     return Check("tokenizer", "ok", last or f"{tokenizer_config.name} installed")
 
 
-def check_layout(cfg) -> Check:
-    """The parallel sizes fit the cluster (what verl asserts only once the workers are up)."""
+def _layout_problems(cfg, nnodes: int, per_node: int) -> list[str]:
+    """What verl would assert about the parallel sizes on nnodes x per_node devices."""
     from omegaconf import OmegaConf
 
     def get(key: str, default: int = 1) -> int:
         value = OmegaConf.select(cfg, key, default=default)
         return int(value) if value is not None else default
 
-    world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+    world = nnodes * per_node
     problems = []
     tp, dp = (
         get("actor_rollout_ref.rollout.tensor_model_parallel_size"),
@@ -301,10 +451,48 @@ def check_layout(cfg) -> Check:
             problems.append(f"{role} tensor {mtp} x pipeline {mpp} does not divide {world} devices")
         elif (world // (mtp * mpp) * mtp) % mep:
             problems.append(f"{role} expert parallel {mep} does not divide data x tensor parallel")
+    return problems
+
+
+def check_layout(cfg) -> Check:
+    """The parallel sizes fit the cluster (what verl asserts only once the workers are up)."""
+    from omegaconf import OmegaConf
+
+    def get(key: str) -> int:
+        value = OmegaConf.select(cfg, key, default=1)
+        return int(value) if value is not None else 1
+
+    nnodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
+    if nnodes < 1 or per_node < 1:
+        return Check(
+            "layout", "FAIL", f"trainer.nnodes={nnodes} x n_gpus_per_node={per_node}: both must be >= 1"
+        )
+    problems = _layout_problems(cfg, nnodes, per_node)
     if problems:
-        return Check("layout", "FAIL", "; ".join(problems) + "; fix the parallel sizes in the overrides")
+        valid = [n for n in range(1, 257) if not _layout_problems(cfg, n, per_node)][:5]
+        hint = (
+            f"these sizes fit trainer.nnodes (NNODES) = {', '.join(map(str, valid))}, ... at {per_node} devices "
+            "per node; change the node count or"
+            if valid
+            else "no node count fits these sizes;"
+        )
+        return Check(
+            "layout", "FAIL", "; ".join(problems) + f"; {hint} fix the parallel sizes in the overrides"
+        )
+    world = nnodes * per_node
+    tp = get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    dp = get("actor_rollout_ref.rollout.data_parallel_size")
+    ep = get("actor_rollout_ref.rollout.expert_parallel_size")
+    # verl builds world / (TP x DP) rollout groups, each one vLLM engine over TP x DP devices (the
+    # config's data_parallel_size is vLLM's own DP inside an engine, used with expert parallelism).
+    groups = world // (tp * dp)
+    engine = f"TP{tp}" + (f" x DP{dp}" if dp > 1 else "") + (f" = EP{ep}" if ep > 1 else "")
+    split = f" (verl's rollout data parallel {groups}: each engine generates 1/{groups} of the batch)"
     return Check(
-        "layout", "ok", f"{world} devices, rollout TP{tp} x DP{dp}" + (f" = EP{ep}" if ep > 1 else "")
+        "layout",
+        "ok",
+        f"{world} device{'s' if world > 1 else ''}, rollout {groups} vLLM engine{'s' if groups > 1 else ''} "
+        f"of {engine}{split if groups > 1 else ''}",
     )
 
 
@@ -355,6 +543,29 @@ def check_rollout_budget(cfg, verl_dir: Path) -> Check:
     )
 
 
+LOGGER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "swanlab": "swanlab", "mlflow": "mlflow"}
+
+
+def check_logger(cfg) -> Check:
+    """Every trainer.logger backend that needs a package finds it in this Python (verl imports it at start)."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    backends = _as_list(OmegaConf.select(cfg, "trainer.logger"))
+    absent = [
+        b for b in backends if b in LOGGER_MODULES and importlib.util.find_spec(LOGGER_MODULES[b]) is None
+    ]
+    if absent:
+        return Check(
+            "logger",
+            "FAIL",
+            f"trainer.logger {', '.join(absent)} needs `pip install {' '.join(LOGGER_MODULES[b] for b in absent)}` "
+            f"in {sys.executable}; or choose other backends (LOGGER=console)",
+        )
+    return Check("logger", "ok", ", ".join(backends) or "none")
+
+
 def key_facts(cfg) -> list[tuple[str, str]]:
     """The settings worth seeing before a run, as (key, value) pairs."""
     from omegaconf import OmegaConf
@@ -373,7 +584,7 @@ def key_facts(cfg) -> list[tuple[str, str]]:
 
 def trainer_command(verl_dir: Path, config_name: str, overrides: list[str]) -> str:
     """The exact command line the launcher runs."""
-    argv = ["python3", "-m", "verl.trainer.main_ppo"]
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
     if config_name != "ppo_trainer":
         argv += ["--config-name", config_name]
     return f"PYTHONPATH={shlex.quote(str(verl_dir))}${{PYTHONPATH:+:$PYTHONPATH}} " + shlex.join(
@@ -438,6 +649,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     try:
         tree = prepare_tree(args.recipe, verl_dir, args.overlay)
         cfg = compose(verl_dir, args.config_name, args.overrides)
+        check_override_types(compose(verl_dir, args.config_name, [], resolve=False), cfg, args.overrides)
     except PreflightError as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return 1
@@ -451,6 +663,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         check_reward(cfg),
         check_model(cfg),
         check_data(cfg),
+        check_logger(cfg),
     ]
     if args.cpu:
         checks.append(check_cpu_runtime())

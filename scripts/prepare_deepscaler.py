@@ -9,7 +9,7 @@ skipped and counted. The test split is drawn with a fixed seed, so reruns give t
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import random
 import sys
 from collections.abc import Callable
@@ -22,6 +22,7 @@ from datautil import (
     DataError,
     add_prompt_options,
     last_boxed,
+    load_json,
     make_row,
     run_cli,
     write_or_report,
@@ -51,16 +52,7 @@ def load_records(path: Path) -> list:
         raise DataError(
             f"{path} does not exist; download deepscaler.json from agentica-org/DeepScaleR-Preview-Dataset"
         )
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path} is not UTF-8 text ({exc.reason}); is it the right file?") from exc
-    except json.JSONDecodeError as exc:
-        raise DataError(
-            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
-            "the download is damaged or incomplete, fetch it again"
-        ) from exc
+    data = load_json(path, "deepscaler.json")
     if not isinstance(data, list):
         raise DataError(
             f"{path} holds a JSON {type(data).__name__}, not a list of problems; is it deepscaler.json?"
@@ -76,8 +68,8 @@ def load_records(path: Path) -> list:
 
 def n_test_rows(total: int, test_size: float) -> int:
     """How many rows go to the test split: a fraction of total when below 1, else a row count."""
-    if test_size <= 0:
-        raise DataError(f"--test-size must be positive, got {test_size}")
+    if not math.isfinite(test_size) or test_size <= 0:
+        raise DataError(f"--test-size must be a positive number, got {test_size}")
     if test_size >= 1 and test_size != int(test_size):
         raise DataError(f"--test-size {test_size} is neither a fraction below 1 nor a whole row count")
     n = max(round(total * test_size), 1) if test_size < 1 else int(test_size)

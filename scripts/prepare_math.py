@@ -72,6 +72,14 @@ def find_split_files(input_dir: Path) -> tuple[Path, dict[str, list[Path]]]:
     )
 
 
+def _is_text(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return (
+        pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_null(arrow_type)
+    )
+
+
 def read_columns(path: Path, columns: tuple[str, ...]) -> dict[str, list]:
     """The named columns of one parquet file as Python lists, or DataError naming what is wrong."""
     import pyarrow as pa
@@ -84,6 +92,12 @@ def read_columns(path: Path, columns: tuple[str, ...]) -> dict[str, list]:
             raise DataError(
                 f"{path} lacks column(s) {', '.join(missing)} (has {', '.join(schema.names)}); "
                 "is this the MATH-lighteval dataset?"
+            )
+        not_text = [f"{c} is {schema.field(c).type}" for c in columns if not _is_text(schema.field(c).type)]
+        if not_text:
+            raise DataError(
+                f"{path}: column {', '.join(not_text)}, not text; MATH-lighteval's columns are strings, "
+                "is this the right file?"
             )
         table = pq.read_table(path, columns=list(columns))
     except (pa.ArrowException, OSError) as exc:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import ray_cluster
+from launcher_env import launcher_env, run_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN = REPO / "llm_rl" / "qwen2_5"
@@ -26,17 +26,7 @@ LAUNCHERS = [
 ]
 
 
-def _env(tmp_path: Path, verl_tree: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # The venv's python3 first, as in an activated environment.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(VERL_DIR=str(verl_tree), LOG_DIR=str(tmp_path / "run_log"), CKPT_DIR=str(tmp_path / "ckpt"))
-    env.update(extra)
-    return env
-
-
-def _run(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+_env, _run = launcher_env, run_launcher
 
 
 def _command_line(stdout: str) -> str:
@@ -51,7 +41,7 @@ def test_qwen_dry_run_composes_and_prints_command(tmp_path, verl_tree, script, c
     assert "config     ok" in proc.stdout
     assert f"trainer.n_gpus_per_node = {cards}" in proc.stdout
     command = _command_line(proc.stdout)
-    assert "python3 -m verl.trainer.main_ppo" in command
+    assert f"{Path(sys.executable).parent}/python3 -m verl.trainer.main_ppo" in command  # python3 on PATH
     assert command.endswith("trainer.total_epochs=1")  # the extra override comes last, so it wins
     assert "trainer.total_epochs = 1" in proc.stdout
     assert "actor_rollout_ref.rollout.n=8" in command and "algorithm.adv_estimator=grpo" in command
@@ -65,7 +55,8 @@ def test_deepseek_dry_run_composes_megatron_config_and_prints_nodes(tmp_path, ve
     )
     assert proc.returncode == 0, proc.stderr
     assert "(ppo_megatron_trainer)" in proc.stdout
-    assert f"256 devices, rollout TP2 x DP{int(ep[2:]) // 2} = {ep}" in proc.stdout
+    assert f"256 devices, rollout {256 // int(ep[2:])} vLLM engine" in proc.stdout
+    assert f"of TP2 x DP{int(ep[2:]) // 2} = {ep}" in proc.stdout
     assert "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size = 8" in proc.stdout
     command = _command_line(proc.stdout)
     assert "--config-name ppo_megatron_trainer" in command
@@ -128,11 +119,14 @@ def test_trainer_exit_status_survives_tee(tmp_path, verl_tree):
     (model / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("train.parquet", "test.parquet"):
-        (data / name).write_bytes(b"")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in ("train.parquet", "test.parquet"):  # preflight reads the row count: one batch of 256
+        pq.write_table(pa.table({"data_source": ["x"] * 256}), data / name)
     reward = tmp_path / "reward.py"
     reward.write_text("def compute_score(*args, **kwargs):\n    return 0.0\n")
-    env = _env(tmp_path, verl_tree, MODEL_DIR=str(model), DATA_DIR=str(data))
+    env = _env(tmp_path, verl_tree, MODEL_DIR=str(model), DATA_DIR=str(data), LOGGER="console")
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     proc = _run(
         LAUNCHERS[0],

@@ -356,3 +356,37 @@ def test_apply_patches_sh_wrapper(tmp_path, verl_tree, two_patches):
     reverted = run(recipe, "--revert", "--target", verl_tree)
     assert reverted.returncode == 0 and tree_hash(verl_tree) == before
     assert run("no_such_recipe", "--target", verl_tree).returncode == 2
+
+
+def test_list_takes_a_recipe_as_the_readme_shows():
+    proc = cli("list", "qwen2_5")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    series = overlay.load_recipe("qwen2_5").series
+    assert lines[0] == f"qwen2_5: verl 0.6.0, {len(series)} patches, in order:"
+    assert [ln.strip() for ln in lines[1:]] == [str(p.relative_to(overlay.REPO)) for p in series]
+    assert cli("list", "no_such_recipe").returncode == 2
+
+
+def test_python_without_tomllib_gets_one_line(tmp_path):
+    """Python 3.10 has no tomllib: the tool says what to run it with instead of a traceback."""
+    blocked = (
+        "import runpy, sys; sys.modules['tomllib'] = None; "
+        f"sys.argv = ['overlay.py', 'list']; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "needs Python 3.11 or newer" in proc.stderr
+
+
+def test_status_names_another_recipes_series_on_the_tree(verl_tree):
+    assert cli("apply", "deepseek_r1", "--target", verl_tree).returncode == 0
+    status = cli("status", "qwen2_5", "--target", verl_tree)
+    assert status.returncode == 1 and "conflicting" in status.stdout
+    assert "this tree carries recipe deepseek_r1's series (12 of 12 patches applied)" in status.stdout
+    assert f"overlay.py revert deepseek_r1 --target {verl_tree.resolve()}" in status.stdout
+    refused = cli("apply", "qwen2_5", "--target", verl_tree)
+    assert refused.returncode == 1 and "carries recipe deepseek_r1's series" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
+    # On its own recipe's tree nothing foreign is reported.
+    assert "carries" not in cli("status", "deepseek_r1", "--target", verl_tree).stdout

@@ -193,3 +193,63 @@ SHELLCHECK = shutil.which(
 def test_shellcheck(script):
     proc = subprocess.run([SHELLCHECK, "-S", "warning", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def _container(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "docker" / "run_container.sh"), *args], capture_output=True, text=True
+    )
+
+
+def test_container_launcher_mounts_what_vllm_ascend_mounts_and_data_outside_the_repo(tmp_path):
+    outside = [
+        "--models",
+        "/srv/models",
+        "--data",
+        "/srv/data",
+        "--checkpoints",
+        "/srv/ckpt",
+        "--logs",
+        "/srv/logs",
+    ]
+    proc = _container("--dry-run", *outside, "--cache", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for flag in (
+        "-v /usr/local/dcmi:/usr/local/dcmi",
+        "-v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+        "-v /etc/ascend_install.info:/etc/ascend_install.info",
+        "-v /usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
+        "-v /srv/models:/models",
+        "-v /srv/data:/data",
+        "-v /srv/ckpt:/checkpoints -v /srv/logs:/logs",
+        "-e CKPT_DIR=/checkpoints",
+        "-e LOG_DIR=/logs",
+        f"-v {tmp_path}:/root/.cache",
+    ):
+        assert flag in proc.stdout
+
+
+@pytest.mark.skipif(bool(list(Path("/dev").glob("davinci[0-9]*"))), reason="this host has an NPU")
+def test_container_launcher_without_npu_devices_is_one_line():
+    for args in (["--devices", "all"], []):
+        proc = _container(*args)
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and "install the Ascend driver" in proc.stderr
+    bad = _container("--devices", "0,x", "--dry-run")
+    assert bad.returncode == 2 and "card numbers" in bad.stderr
+
+
+def test_installer_installs_the_launchers_default_loggers():
+    """The launchers default to console + tensorboard; the NPU stack must carry the package for it."""
+    import re
+
+    launchers = [
+        REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b.sh",
+        REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh",
+    ]
+    defaults = {re.search(r'LOGGER="\$\{LOGGER:-([a-z,]+)\}"', p.read_text()).group(1) for p in launchers}
+    assert defaults == {"console,tensorboard"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert any(line.startswith("+ ") and line.endswith(" tensorboard") for line in proc.stdout.splitlines())

@@ -30,6 +30,9 @@ done
 
 # shellcheck source=llm_rl/deepseek_r1/env.sh
 source "$RECIPE_DIR/env.sh"
+# shellcheck source=../../scripts/find_python.sh
+source "$REPO_DIR/scripts/find_python.sh"
+recipes_find_python "$(basename "$0")" || exit 1
 
 NNODES="${NNODES:-16}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
@@ -41,6 +44,9 @@ LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
 CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
 export RECIPE_MOE_RESHARD_DIR="${RECIPE_MOE_RESHARD_DIR:-$RECIPE_DIR}"
 RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
+# Metrics backends as in the Qwen launcher: console + TensorBoard unless LOGGER says otherwise.
+LOGGER="${LOGGER:-console,tensorboard}"
+export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
 # One mini-batch and one epoch keep the update on-policy, which the old_log_prob skip requires.
@@ -112,7 +118,10 @@ OVERRIDES=(
   trainer.save_freq=-1
   trainer.test_freq=-1
   trainer.val_before_train=False
-  'trainer.logger=[console]'
+  "trainer.logger=[$LOGGER]"
+  +ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR="$TENSORBOARD_DIR"
+  trainer.resume_mode=auto
+  trainer.max_actor_ckpt_to_keep=1
   trainer.project_name=verl_grpo_deepseek_r1
   trainer.experiment_name="$RUN_NAME"
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
@@ -140,20 +149,20 @@ case "$VARIANT" in
 esac
 
 cd "$REPO_DIR"
-python3 scripts/preflight.py --recipe deepseek_r1 --config-name ppo_megatron_trainer \
+"$PYTHON" scripts/preflight.py --recipe deepseek_r1 --config-name ppo_megatron_trainer \
   --verl-dir "$VERL_DIR" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   echo "node-by-node:"
-  python3 scripts/ray_cluster.py plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
+  "$PYTHON" scripts/ray_cluster.py plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
     -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
   exit 0
 fi
-python3 scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+"$PYTHON" scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
 
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"
 cd "$RECIPE_DIR"
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
+"$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -41,8 +41,12 @@ if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
   # shellcheck disable=SC1091
   set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
 fi
+case "$NPUS" in ''|*[!0-9]*|0) echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2 ;; esac
+# shellcheck source=../../scripts/find_python.sh
+source "$REPO_DIR/scripts/find_python.sh"
+recipes_find_python "$(basename "$0")" || exit 1
 
-# The seed's environment (vLLM V1 engine, no FRACTAL_NZ weights, allocator split size).
+# The environment of cann-recipes-train's guide (vLLM V1 engine, no FRACTAL_NZ weights, allocator split size).
 export VLLM_USE_V1=1
 export VLLM_ASCEND_ENABLE_NZ=0
 export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
@@ -63,8 +67,16 @@ MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/Qwen2_5_1_5B_Instruct}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/math}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
 CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
+# Metrics backends (verl's trainer.logger): console and TensorBoard by default, which need no account.
+# LOGGER=console,wandb (or swanlab, mlflow; comma-separated) picks others; their files live next to the run log.
+LOGGER="${LOGGER:-console,tensorboard}"
+export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
+export SWANLAB_LOG_DIR="${SWANLAB_LOG_DIR:-$LOG_DIR/swanlog}"
+export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$LOG_DIR/mlruns.db}"
+export WANDB_DIR="${WANDB_DIR:-$LOG_DIR}"
 
-# Seed section 7.4 (single-card baseline); micro-batches sized for 1.5B on a 64 GB card.
+# The single-card baseline of cann-recipes-train's Qwen2.5 GRPO guide (section 7.4, its training
+# script); micro-batches sized for 1.5B on a 64 GB card.
 OVERRIDES=(
   algorithm.adv_estimator=grpo
   data.train_files="$DATA_DIR/train.parquet"
@@ -106,7 +118,11 @@ OVERRIDES=(
   trainer.save_freq=70
   trainer.test_freq=10
   trainer.val_before_train=True
-  'trainer.logger=[console]'
+  "trainer.logger=[$LOGGER]"
+  # A rerun of the same RUN_NAME resumes from its latest checkpoint (trainer.resume_mode=disable starts
+  # afresh); the two newest checkpoints are kept (about 18 GB each with the optimizer state).
+  trainer.resume_mode=auto
+  trainer.max_actor_ckpt_to_keep=2
   trainer.project_name=verl_grpo_qwen2_5_math
   trainer.experiment_name="$RUN_NAME"
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
@@ -115,7 +131,7 @@ OVERRIDES=(
 OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
-python3 scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
+"$PYTHON" scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
   --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0
@@ -125,5 +141,5 @@ mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"
 cd "$RECIPE_DIR"
-python3 -m verl.trainer.main_ppo "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
+"$PYTHON" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
 exit "${PIPESTATUS[0]}"

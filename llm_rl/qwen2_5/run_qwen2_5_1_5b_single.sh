@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval on ONE Atlas A2 card (seed section 7.4).
+# Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval on ONE Atlas A2 card (cann-recipes-train's guide, 7.4).
 #
 #   bash run_qwen2_5_1_5b_single.sh [--dry-run] [--cpu] [--help] [hydra.override=value ...]
 #

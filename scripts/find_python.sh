@@ -1,0 +1,28 @@
+# shellcheck shell=bash
+# Sourced by the recipe launchers (REPO_DIR set): PYTHON becomes the interpreter that has verl's
+# dependencies (hydra-core, omegaconf), so a launcher runs from a fresh shell without a traceback.
+#
+# Order: PYTHON from the environment (it must have them); python3 on PATH (on the NPU host the
+# stack's Python, or any activated environment); the CPU profile's .venv-e2e (make e2e-setup);
+# the repository's .venv (make setup, the CPU tool environment). None of them: one line, exit 1.
+recipes_find_python() {
+  local who="$1" candidate on_path
+  if [ -n "${PYTHON:-}" ]; then
+    if "$PYTHON" -c 'import hydra, omegaconf' 2>/dev/null; then return 0; fi
+    echo "$who: PYTHON=$PYTHON cannot import hydra and omegaconf (verl's config stack); unset PYTHON or point it at the environment the stack is installed in" >&2
+    return 1
+  fi
+  on_path="$(command -v python3 || true)"
+  local candidates=("$on_path")
+  [ "${PROFILE:-npu}" != cpu ] || candidates+=("$REPO_DIR/.venv-e2e/bin/python")
+  candidates+=("$REPO_DIR/.venv/bin/python")
+  for candidate in "${candidates[@]}"; do
+    [ -n "$candidate" ] && [ -x "$candidate" ] || continue
+    if "$candidate" -c 'import hydra, omegaconf' 2>/dev/null; then
+      PYTHON="$candidate"
+      return 0
+    fi
+  done
+  echo "$who: no Python with verl's dependencies (python3 on PATH is ${on_path:-absent} and cannot import hydra); on the NPU host activate the environment scripts/install_npu_stack.sh installed into, on a CPU box run \`make setup\` (it creates .venv, found automatically), or set PYTHON=/path/to/python" >&2
+  return 1
+}
