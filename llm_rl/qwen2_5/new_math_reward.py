@@ -9,9 +9,11 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
   each), plus 0.1 / 0.05 for numbered steps with reasoning keywords inside ``<think>``.
-* math_verify runs in a small pool of worker processes, never in the caller: each answer gets a hard wall
-  time bound (default 1 s) from any thread, and a worker that overruns is killed and replaced, so the
-  stuck computation really stops.  Cheap checks in the caller decide most answers without sympy.
+* math_verify runs in helper processes, never in the caller, from any thread: each answer gets a hard bound
+  (default 1 s) on the CPU time math_verify spends on it, and a worker that overruns is killed, so the
+  stuck computation really stops.  Waiting for a worker, helpers that die and other answers' load never
+  cost an answer its score; no helper outlives the caller.  Cheap checks in the caller decide most
+  answers without sympy.
 
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
 """
@@ -20,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import math
 import os
 import re
 import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,9 +47,15 @@ MAX_SCAN_CHARS = 20_000  # where the final \boxed{} is looked for (tail of the r
 MAX_THINK_CHARS = 200_000
 MAX_POW_EXPONENT = 1e6  # a numeric power with a bigger exponent is too large to verify in time
 MAX_FACTORIAL = 10_000
-WORKER_STARTUP_TIMEOUT_S = 60.0
-WORKER_CPU_BACKSTOP_S = 30  # an orphaned worker stuck in C code is killed by the kernel after this
 WORKER_MEMORY_LIMIT = 4 << 30
+ZYGOTE_STARTUP_TIMEOUT_S = 60.0  # a zygote that has not imported math_verify by then is replaced
+FAST_SLICE_S = 0.1  # CPU an answer may use at normal priority before its worker moves to the slow lane
+SLOW_LANE = 32  # workers at nice 19 at most; beyond that, slow answers keep their fast-lane place
+WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
+MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
+PARENT_POLL_S = 0.1  # how often the zygote checks that the caller is still alive
+POLL_MAX_S = 0.1
+POLL_MIN_S = 0.01
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 FORMAT_TAGS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
@@ -370,161 +381,456 @@ def is_hostile(answer: str) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- math_verify worker processes
+# ---------------------------------------------------------------- math_verify helper processes
+#
+# Terms.  The *zygote* is one helper process per caller process: it imports math_verify once, warms it up
+# and forks a *worker* on request, so a new or replacement worker is ready in milliseconds instead of the
+# import's second.  A worker verifies one answer at a time in its main thread.  An answer's *verification
+# time* is the CPU time its worker spends on it: the wait for a worker, a replacement's start and other
+# answers' load are not counted, and an answer whose worker dies of something else is retried on another.
+# The *fast lane* holds at most `size` workers at normal priority; an answer that has used FAST_SLICE_S of
+# CPU moves its worker to the *slow lane* (nice 19, at most SLOW_LANE workers) and frees its fast place, so a
+# few hostile answers cannot hold up many ordinary ones.  No helper outlives the caller: the zygote leads
+# its own process group, watches its parent and kills the group once the parent is gone; a worker dies with
+# the zygote (PR_SET_PDEATHSIG).  Linux only (SOCK_SEQPACKET, SCM_RIGHTS, /proc); elsewhere CPU time is
+# approximated by wall time.
 
 
-def _serve() -> None:
-    """Worker process main loop: one JSON request per line on stdin, one JSON reply per line."""
-    out = os.dup(1)
-    os.dup2(2, 1)  # nothing a library prints may corrupt the reply channel
+def _die_with_parent(libc: Any) -> None:
+    try:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: this process dies with its parent
+    except AttributeError:
+        pass
+
+
+def _readable(sock: socket.socket, wait: float) -> bool:
+    """True when sock has a message (or its peer is gone) within `wait` seconds; poll, as fds may exceed 1024."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(0, math.ceil(wait * 1000))))
+
+
+def _watch_parent(parent: int) -> None:
+    """Zygote thread: once the caller is gone, kill the zygote and every worker (one process group)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
+def _serve_answers(sock: socket.socket) -> None:
+    """Worker main loop: one JSON request per message, one JSON reply per message."""
     try:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, resource.RLIM_INFINITY))
     except (ImportError, ValueError, OSError):
-        resource = None
-    warnings.simplefilter("ignore")
-    try:
-        from math_verify import parse, verify
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which degrades
-        os.write(out, (json.dumps({"ready": False, "error": repr(exc)}) + "\n").encode())
-        return
+        pass
     from functools import lru_cache
 
+    from math_verify import parse, verify
+
     parse_cached = lru_cache(maxsize=4096)(parse)
-    os.write(out, b'{"ready": true}\n')
-    for line in sys.stdin.buffer:
+    while True:
+        message = sock.recv(1 << 20)
+        if not message:
+            return
         try:
-            req = json.loads(line)
-            if resource is not None:
-                usage = resource.getrusage(resource.RUSAGE_SELF)
-                soft = int(usage.ru_utime + usage.ru_stime) + WORKER_CPU_BACKSTOP_S
-                resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+            req = json.loads(message)
             answer = req["answer"]
             pred = parse_cached("\\boxed{" + answer + "}" if req["boxed"] else answer)
             equal = any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in req["truths"])
             reply = {"equal": bool(equal)}
         except Exception as exc:  # noqa: BLE001 - a bad answer is a wrong answer, never a crash
             reply = {"equal": False, "error": repr(exc)[:200]}
-        os.write(out, (json.dumps(reply) + "\n").encode())
+        reply["cpu"] = time.process_time()
+        sock.send(json.dumps(reply).encode())
+
+
+_WARM_UP = (  # (truth, answer) pairs that take math_verify's parser and sympy through their common paths
+    ("x^2+7x+10", "(x+2)(x+5)"),
+    ("\\frac{\\sqrt{8}}{2}", "\\sqrt{2}"),
+    ("(3,-1)", "(3, -1)"),
+    ("\\frac{3\\pi}{4}", "3\\pi/4"),
+    ("[0,1)", "x \\in [0, 1)"),
+    ("\\text{(B)}", "B"),
+    ("2^{10}", "1024"),
+    ("x=2", "2"),
+)
+
+
+def _serve(control_fd: int, caller: int) -> None:
+    """Zygote main loop: import math_verify, then fork a worker for each request on the control socket."""
+    control = socket.socket(fileno=control_fd)
+    threading.Thread(target=_watch_parent, args=(caller,), daemon=True).start()
+    warnings.simplefilter("ignore")  # also Python 3.12's note on forking with the (lock-free) watcher running
+    try:
+        import ctypes
+        import logging
+
+        logging.disable(logging.WARNING)  # latex2sympy2_extended logs a deprecation on every parse
+        libc = ctypes.CDLL(None)
+        from math_verify import parse, verify
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which says so once
+        fatal = isinstance(exc, ImportError | SyntaxError)
+        control.send(json.dumps({"ready": False, "fatal": fatal, "error": repr(exc)[:300]}).encode())
+        return
+    # math_verify's own limits are SIGALRM wall-clock timers: under load they would fail a correct answer
+    # for another's CPU use.  The caller bounds each answer's CPU time instead.
+    signal.alarm = lambda seconds: 0
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    gc.freeze()  # objects made so far stay untouched by workers' collections: their pages stay shared
+    control.send(b'{"ready": true}')
+    warm = False
+    while control.recv(64):  # an empty read: the caller closed the pool
+        _fork_worker(control, libc, warm)
+        if not warm:  # the first worker serves the first call at once; later ones inherit a warm parser
+            for truth, answer in _WARM_UP:
+                try:
+                    verify(parse("\\boxed{" + truth + "}"), parse("\\boxed{" + answer + "}"))
+                except Exception:  # noqa: BLE001, S110 - warming up is best effort
+                    pass
+            gc.freeze()
+            warm = True
+
+
+def _fork_worker(control: socket.socket, libc: Any, warm: bool) -> None:
+    """Zygote: fork one worker and hand the caller its socket (and pidfd) over the control socket."""
+    zygote = os.getpid()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            mine.close()
+            _die_with_parent(libc)
+            if os.getppid() == zygote:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _serve_answers(theirs)
+        finally:
+            os._exit(0)
+    theirs.close()
+    fds = [mine.fileno()]
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(pid)
+            fds.append(pidfd)
+        except OSError:
+            pass
+    socket.send_fds(control, [json.dumps({"pid": pid, "warm": warm}).encode()], fds)
+    mine.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 class _WorkerDied(Exception):
-    pass
+    """A helper process exited or stopped answering for a reason that is not the answer's."""
+
+
+class _Unavailable(Exception):
+    """math_verify cannot run in this Python (not installed, does not import)."""
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Worker:
-    """One math_verify process; used by one thread at a time."""
+    """One forked math_verify process; used by one thread at a time."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), _SERVE_FLAG],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
-        self.ready = False
-        self.buf = b""
+    def __init__(self, pid: int, sock: socket.socket, pidfd: int | None, warm: bool) -> None:
+        self.pid, self.sock, self.pidfd = pid, sock, pidfd
+        self.warm = warm  # forked after the zygote's warm-up: its first answer pays no parser set-up
+        self.cpu_base = 0.0  # the worker's CPU time when its current request began
+        self.demoted = False
 
-    def _readline(self, deadline: float) -> bytes | None:
-        fd = self.proc.stdout.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while b"\n" not in self.buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
+    def fresh(self) -> bool:
+        """True while the idle worker is alive: an idle worker's socket has nothing to say until it dies."""
+        try:
+            return not _readable(self.sock, 0)
+        except (OSError, ValueError):
+            return False
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendmsg([data], [], socket.MSG_NOSIGNAL)
+        except OSError as exc:
+            raise _WorkerDied(f"worker gone ({exc})") from exc
+
+    def reply(self, wait: float) -> dict | None:
+        """The worker's reply, None when there is none within `wait` seconds."""
+        try:
+            if not _readable(self.sock, wait):
                 return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _WorkerDied("worker exited")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+            message = self.sock.recv(1 << 16)
+        except OSError as exc:
+            raise _WorkerDied(f"worker gone ({exc})") from exc
+        if not message:
+            raise _WorkerDied("worker exited")
+        reply = json.loads(message)
+        self.cpu_base = float(reply.get("cpu", self.cpu_base))
+        return reply
 
-    def start(self) -> None:
-        """Wait for the worker's import of math_verify; raise _WorkerDied when it cannot start."""
-        if self.ready:
-            return
-        line = self._readline(time.monotonic() + WORKER_STARTUP_TIMEOUT_S)
-        status = json.loads(line) if line else {}
-        if not status.get("ready"):
-            raise _WorkerDied(status.get("error", "math_verify worker did not start"))
-        self.ready = True
+    def cpu_used(self) -> float | None:
+        now = _cpu_seconds(self.pid)
+        return None if now is None else max(0.0, now - self.cpu_base)
 
-    def ask(self, request: dict, timeout: float) -> dict | None:
-        """The worker's reply, or None when it overran the timeout."""
-        data = (json.dumps(request) + "\n").encode()
-        fd = self.proc.stdin.fileno()
-        while data:
-            data = data[os.write(fd, data) :]
-        line = self._readline(time.monotonic() + timeout)
-        return None if line is None else json.loads(line)
+    def demote(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.pid, 19)
+        except OSError:
+            pass
+        self.demoted = True
 
     def kill(self) -> None:
+        """SIGKILL, and where a pidfd says when, return once the process is gone."""
         try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                poller = select.poll()
+                poller.register(self.pidfd, select.POLLIN)
+                poller.poll(1000)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except OSError:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
             try:
-                stream.close()
+                os.close(self.pidfd)
             except OSError:
                 pass
+            self.pidfd = None
+
+
+class _Zygote:
+    """The caller's handle on the zygote process; fork() is serialised by its lock."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    _SERVE_FLAG,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # its own process group: the caller's Ctrl-C is the caller's to handle
+            )
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.lock = threading.Lock()
+        self.ready = False
+
+    def _message(self, deadline: float) -> tuple[dict, list[int]]:
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0 or not _readable(self.sock, remaining):
+                raise _WorkerDied("math_verify zygote did not answer in time")
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1024, 2)
+        except OSError as exc:
+            raise _WorkerDied(f"math_verify zygote gone ({exc})") from exc
+        if not data:
+            raise _WorkerDied("math_verify zygote exited")
+        return json.loads(data), fds
+
+    def fork(self) -> _Worker:
+        """A new worker; raises _Unavailable when math_verify cannot import, _WorkerDied when the zygote died."""
+        with self.lock:
+            deadline = time.monotonic() + ZYGOTE_STARTUP_TIMEOUT_S
+            try:  # sent before the zygote is ready, so it forks before it starts warming up
+                self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
+            except OSError as exc:
+                raise _WorkerDied(f"math_verify zygote gone ({exc})") from exc
+            if not self.ready:
+                status, _ = self._message(deadline)
+                if not status.get("ready"):
+                    error = status.get("error", "no reason given")
+                    raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
+                self.ready = True
+            status, fds = self._message(deadline)
+        if not fds:
+            raise _WorkerDied("math_verify zygote sent no worker")
+        pidfd = fds[1] if len(fds) > 1 else None
+        return _Worker(status["pid"], socket.socket(fileno=fds[0]), pidfd, bool(status.get("warm")))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:  # not reaped, so its process group id is still its own
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class _Pool:
-    """Worker processes shared by every thread of one process; created on first use."""
+    """The zygote and workers shared by every thread of one process; created on first use."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.slots = threading.BoundedSemaphore(size)
+        self.cond = threading.Condition()  # guards every field below
+        self.fast = 0  # answers holding a fast-lane place
+        self.slow = 0  # workers in the slow lane
         self.idle: list[_Worker] = []
-        self.broken: str | None = None
-        self.warned = False
-        self.idle.extend(_Worker() for _ in range(size))  # imports overlap
+        self.busy: set[_Worker] = set()
+        self.zygote: _Zygote | None = None
+        self.zygote_lock = threading.Lock()
+        self.fatal: str | None = None
+        self.closed = False
         atexit.register(self.close)
 
-    def _take(self) -> _Worker:
-        with self.lock:
-            return self.idle.pop() if self.idle else _Worker()
+    def _get_zygote(self) -> _Zygote:
+        with self.zygote_lock:
+            zygote = self.zygote
+            if zygote is None or zygote.proc.poll() is not None:
+                if zygote is not None:
+                    zygote.kill()
+                if self.closed:
+                    raise _WorkerDied("pool closed")
+                zygote = self.zygote = _Zygote()
+            return zygote
 
-    def _give(self, worker: _Worker) -> None:
-        with self.lock:
-            self.idle.append(worker)
+    def _take(self) -> _Worker:
+        with self.cond:
+            while self.idle:
+                worker = self.idle.pop()
+                if worker.fresh():
+                    self.busy.add(worker)
+                    return worker
+                worker.kill()  # died while idle: not this answer's concern
+        zygote = self._get_zygote()
+        try:
+            worker = zygote.fork()
+        except _WorkerDied:
+            with self.zygote_lock:
+                if self.zygote is zygote:
+                    zygote.kill()
+                    self.zygote = None
+            raise
+        except _Unavailable as exc:
+            self.fatal = str(exc)
+            raise
+        with self.cond:
+            self.busy.add(worker)
+        return worker
+
+    def _done(self, worker: _Worker, reusable: bool) -> None:
+        with self.cond:
+            self.busy.discard(worker)
+            if worker.demoted:
+                self.slow -= 1
+            if reusable and not worker.demoted and not self.closed:
+                self.idle.append(worker)
+                return
+        worker.kill()
+
+    def _attempt(self, data: bytes, budget: float) -> tuple[str, float]:
+        """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died', CPU seconds used)."""
+        with self.cond:
+            while self.fast >= self.size:
+                self.cond.wait()
+            self.fast += 1
+        in_fast, worker, used, reusable = True, None, 0.0, False
+        try:
+            worker = self._take()
+            worker.send(data)
+            sent = time.monotonic()
+            while True:
+                # CPU time grows no faster than wall time: sleep until the next threshold could be reached
+                threshold = FAST_SLICE_S if in_fast and used < FAST_SLICE_S < budget else budget
+                reply = worker.reply(min(POLL_MAX_S, max(POLL_MIN_S, threshold - used)))
+                if reply is not None:
+                    reusable = True
+                    return ("equal" if reply.get("equal") else "different"), used
+                cpu = worker.cpu_used()
+                used = time.monotonic() - sent if cpu is None else cpu
+                if used >= budget or time.monotonic() - sent > WALL_BACKSTOP_FACTOR * budget:
+                    return ("timeout" if worker.warm else "cold"), used
+                if in_fast and used >= FAST_SLICE_S:
+                    with self.cond:
+                        if self.slow < SLOW_LANE:
+                            self.slow += 1
+                            worker.demote()
+                            self.fast -= 1
+                            in_fast = False
+                            self.cond.notify()
+        except _WorkerDied:
+            return "died", used
+        finally:
+            if worker is not None:
+                self._done(worker, reusable)
+            if in_fast:
+                with self.cond:
+                    self.fast -= 1
+                    self.cond.notify()
 
     def verify(self, request: dict, timeout: float) -> tuple[bool | None, bool]:
-        """(equal, timed_out); equal is None when no worker could run the request."""
-        with self.slots:
-            for _attempt in range(2):  # a worker that died while idle is replaced once
-                worker = self._take()
-                try:
-                    worker.start()
-                    reply = worker.ask(request, timeout)
-                except (_WorkerDied, OSError, ValueError) as exc:
-                    worker.kill()
-                    if not worker.ready:
-                        self.broken = str(exc)
-                        return None, False
-                    continue
-                if reply is None:  # overran: stop the work itself, start the replacement now
-                    worker.kill()
-                    self._give(_Worker())
-                    return False, True
-                self._give(worker)
-                return bool(reply.get("equal")), False
+        """(equal, timed_out); equal is None when math_verify could not be run on the answer."""
+        data = json.dumps(request).encode()
+        spent = 0.0
+        for _attempt in range(MAX_ATTEMPTS):
+            if self.fatal is not None:
+                return None, False
+            try:
+                outcome, used = self._attempt(data, timeout - spent)
+            except _Unavailable:
+                return None, False
+            if outcome == "timeout":
+                return False, True
+            if outcome == "cold":  # the bound went on the parser's set-up: try again on a warm worker
+                continue
+            if outcome != "died":
+                return outcome == "equal", False
+            spent += used  # the worker died of something else: retry with what is left of the bound
+            if spent >= timeout:
+                return False, True
         return None, False
 
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids by state (for tests and the benchmark)."""
+        with self.cond:
+            zygote = self.zygote
+            return {
+                "zygote": [zygote.proc.pid] if zygote is not None and zygote.proc.poll() is None else [],
+                "idle": [w.pid for w in self.idle],
+                "busy": [w.pid for w in self.busy],
+            }
+
     def close(self) -> None:
-        if os.getpid() != self.pid:  # a forked child inherits this atexit hook; the workers are not its own
+        if os.getpid() != self.pid:  # a forked child inherits this atexit hook; the helpers are not its own
             return
-        with self.lock:
+        with self.cond:
+            self.closed = True
             workers, self.idle = self.idle, []
         for worker in workers:
-            worker.kill()
+            worker.close()
+        with self.zygote_lock:
+            zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.kill()  # and with it, through the process group, every worker still running
 
 
 _POOL: _Pool | None = None
@@ -533,6 +839,7 @@ _POOL_PID: int | None = None
 _CACHE: OrderedDict[tuple, bool] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 65_536
+_WARNED: set[str] = set()
 
 
 def _default_workers() -> int:
@@ -546,33 +853,24 @@ def _default_workers() -> int:
     return max(1, min(8, cpus))
 
 
-def _get_pool(num_workers: int | None = None) -> _Pool | None:
+def _get_pool(num_workers: int | None = None) -> _Pool:
     global _POOL, _POOL_LOCK, _POOL_PID
-    if _POOL_PID != os.getpid():  # first use, or a forked child: never share the parent's pipes
+    if _POOL_PID != os.getpid():  # first use, or a forked child: never share the parent's helpers
         _POOL_LOCK, _POOL, _POOL_PID = threading.Lock(), None, os.getpid()
     with _POOL_LOCK:
         if _POOL is None:
-            try:
-                _POOL = _Pool(num_workers or _default_workers())
-            except OSError as exc:
-                warnings.warn(
-                    f"new_math_reward: cannot start math_verify workers ({exc}); scoring 0", stacklevel=3
-                )
-                return None
-        if _POOL.broken is not None:
-            if not _POOL.warned:
-                _POOL.warned = True
-                warnings.warn(
-                    f"new_math_reward: math_verify worker failed ({_POOL.broken}); answers that need sympy "
-                    "score 0 - check that math_verify imports in this Python",
-                    stacklevel=3,
-                )
-            return None
+            _POOL = _Pool(num_workers or _default_workers())
         return _POOL
 
 
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"new_math_reward: {message}", RuntimeWarning, stacklevel=4)
+
+
 def shutdown() -> None:
-    """Stop the worker processes (they are also stopped at exit); the next call starts new ones."""
+    """Stop the helper processes (they are also stopped at exit); the next call starts new ones."""
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
@@ -598,12 +896,19 @@ def _verify(
         if not sane:
             return False, False
         pool = _get_pool(workers)
-        if pool is None:
-            return False, False
         request = {"answer": answer.text, "boxed": answer.boxed, "truths": list(sane)}
         equal, timed_out = pool.verify(request, timeout)
-        if equal is None or timed_out:
-            return False, timed_out  # not cached: a later try may have more time
+        if equal is None:
+            if pool.fatal is not None:
+                _warn_once(
+                    f"math_verify cannot run in {sys.executable} ({pool.fatal}); every answer that needs "
+                    "sympy scores 0 until it does (pip install math-verify)"
+                )
+            else:
+                _warn_once(f"math_verify's worker died {MAX_ATTEMPTS} times on one answer; it scores 0")
+            return False, False
+        if timed_out:
+            return False, True  # not cached: a later try may have more time
         verdict = equal
     with _CACHE_LOCK:
         _CACHE[key] = verdict
@@ -789,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: score a JSONL file of responses and ground truths."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [_SERVE_FLAG]:
-        _serve()
+        _serve(int(argv[1]), int(argv[2]))
         return 0
     parser = argparse.ArgumentParser(
         prog="new_math_reward.py", description="Score MATH responses: accuracy 0.7 + format 0.2 + CoT 0.1."
