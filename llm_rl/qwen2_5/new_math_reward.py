@@ -1066,19 +1066,25 @@ def compute_score_batch(
 
 
 def _read_jsonl(path: str) -> list[dict]:
+    if path == "-" and sys.stdin is None:
+        raise ValueError("standard input is closed; pass a file name or pipe the JSONL in")
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
     rows = []
     with stream:
-        for n, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object per line")
-            rows.append(row)
+        n = 0
+        try:
+            for n, line in enumerate(stream, 1):  # noqa: B007 - n names the line an error is on
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}:{n}: expected a JSON object per line")
+                rows.append(row)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({exc.reason})") from exc
     return rows
 
 
@@ -1090,13 +1096,15 @@ def _row_fields(row: dict) -> tuple[Any, Any]:
     return response, truth
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: score a JSONL file of responses and ground truths."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [_SERVE_FLAG]:
-        _serve(int(argv[1]), int(argv[2]))
-        return 0
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on standard error (exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _score_file(argv: list[str]) -> int:
+    parser = _Parser(
         prog="new_math_reward.py", description="Score MATH responses: accuracy 0.7 + format 0.2 + CoT 0.1."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1104,24 +1112,23 @@ def main(argv: list[str] | None = None) -> int:
         "score",
         help="score a JSONL file",
         description="Score each line of a JSONL file with keys response (or solution_str) and ground_truth "
-        "(or answer, or reward_model.ground_truth); print one line per item and a summary.",
+        "(or answer, or reward_model.ground_truth); print one line per item and a summary (with --json, "
+        'one JSON object per item and a last {"summary": ...} object).',
     )
     score.add_argument("file", help="JSONL file, or - for stdin")
     score.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per answer (default 1)"
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="CPU seconds per answer (default 1)"
     )
     score.add_argument(
-        "--workers", type=int, default=None, help="math_verify processes (default: CPUs, max 8)"
+        "--workers", type=int, default=None, help="math_verify processes at full speed (default: CPUs, max 8)"
     )
-    score.add_argument("--json", action="store_true", help="print each result as a JSON object")
+    score.add_argument("--json", action="store_true", help="print JSON Lines: each result, then the summary")
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or (args.workers is not None and args.workers < 1):
-        parser.error("--timeout must be > 0 and --workers >= 1")
-    try:
-        rows = _read_jsonl(args.file)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    if not (args.timeout > 0 and math.isfinite(args.timeout)) or (
+        args.workers is not None and args.workers < 1
+    ):
+        parser.error("--timeout must be a number > 0 and --workers >= 1")
+    rows = _read_jsonl(args.file)
     fields = [_row_fields(row) for row in rows]
     start = time.monotonic()
     results = compute_score_batch(
@@ -1141,14 +1148,47 @@ def main(argv: list[str] | None = None) -> int:
                 f"\tcot={result['cot']:.2f}\tcorrect={result['correct']}\ttimed_out={result['timed_out']}"
             )
     count = len(results)
-    mean = sum(r["score"] for r in results) / count if count else 0.0
-    correct = sum(r["correct"] for r in results)
-    timeouts = sum(r["timed_out"] for r in results)
-    print(
-        f"summary: items={count} mean_score={mean:.4f} correct={correct}/{count} timed_out={timeouts} "
-        f"seconds={elapsed:.2f}"
-    )
+    summary = {
+        "items": count,
+        "mean_score": round(sum(r["score"] for r in results) / count, 4) if count else 0.0,
+        "correct": sum(r["correct"] for r in results),
+        "timed_out": sum(r["timed_out"] for r in results),
+        "seconds": round(elapsed, 2),
+    }
+    if args.json:
+        print(json.dumps({"summary": summary}))
+    else:
+        print(
+            f"summary: items={count} mean_score={summary['mean_score']:.4f} correct={summary['correct']}/{count} "
+            f"timed_out={summary['timed_out']} seconds={elapsed:.2f}"
+        )
+    sys.stdout.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: score a JSONL file of responses and ground truths; every error is one line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [_SERVE_FLAG]:
+        _serve(int(argv[1]), int(argv[2]))
+        return 0
+    try:
+        return _score_file(argv)
+    except KeyboardInterrupt:
+        message, status = "interrupted", 130
+    except BrokenPipeError:
+        try:  # the reader left (| head): keep the interpreter's final flush from failing again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, AttributeError, ValueError):
+            pass
+        message, status = "standard output closed before the end", 1
+    except (OSError, ValueError) as exc:
+        message, status = str(exc), 1
+    except Exception as exc:  # noqa: BLE001 - a command line error is one line, never a traceback
+        message, status = f"{type(exc).__name__}: {exc}", 1
+    if sys.stderr is not None:
+        print("error: " + " ".join(message.split()), file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
