@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import itertools
 import json
 import math
 import os
@@ -49,12 +50,13 @@ MAX_POW_EXPONENT = 1e6  # a numeric power with a bigger exponent is too large to
 MAX_FACTORIAL = 10_000
 WORKER_MEMORY_LIMIT = 4 << 30
 ZYGOTE_STARTUP_TIMEOUT_S = 60.0  # a zygote that has not imported math_verify by then is replaced
-FAST_SLICE_S = 0.1  # CPU an answer may use at normal priority before its worker moves to the slow lane
-SLOW_LANE = 32  # workers at nice 19 at most; beyond that, slow answers keep their fast-lane place
+FAST_SLICE_S = 0.1  # CPU an answer uses before it can be made to wait for answers that have had less
+QUANTUM_S = 0.05  # after that, it yields its place to one that has had this much less CPU
+MAX_LIVE_WORKERS = 64  # running and waiting workers at most (per pool: at least 8 per running place)
 WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
 MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
 PARENT_POLL_S = 0.1  # how often the zygote checks that the caller is still alive
-POLL_MAX_S = 0.1
+POLL_MAX_S = 0.05
 POLL_MIN_S = 0.01
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
@@ -388,9 +390,10 @@ def is_hostile(answer: str) -> bool:
 # import's second.  A worker verifies one answer at a time in its main thread.  An answer's *verification
 # time* is the CPU time its worker spends on it: the wait for a worker, a replacement's start and other
 # answers' load are not counted, and an answer whose worker dies of something else is retried on another.
-# The *fast lane* holds at most `size` workers at normal priority; an answer that has used FAST_SLICE_S of
-# CPU moves its worker to the *slow lane* (nice 19, at most SLOW_LANE workers) and frees its fast place, so a
-# few hostile answers cannot hold up many ordinary ones.  No helper outlives the caller: the zygote leads
+# At most `size` workers run at once.  The places go to the answers that have had the least CPU: a new
+# answer waits only for those that have run less than FAST_SLICE_S, and an answer past that yields its place
+# to one that has had QUANTUM_S less (its worker stopped with SIGSTOP, which stops its CPU clock as well),
+# so ordinary answers are never held up by hostile ones, and hostile ones share what is left.  No helper outlives the caller: the zygote leads
 # its own process group, watches its parent and kills the group once the parent is gone; a worker dies with
 # the zygote (PR_SET_PDEATHSIG).  Linux only (SOCK_SEQPACKET, SCM_RIGHTS, /proc); elsewhere CPU time is
 # approximated by wall time.
@@ -550,7 +553,6 @@ class _Worker:
         self.pid, self.sock, self.pidfd = pid, sock, pidfd
         self.warm = warm  # forked after the zygote's warm-up: its first answer pays no parser set-up
         self.cpu_base = 0.0  # the worker's CPU time when its current request began
-        self.demoted = False
 
     def fresh(self) -> bool:
         """True while the idle worker is alive: an idle worker's socket has nothing to say until it dies."""
@@ -583,25 +585,22 @@ class _Worker:
         now = _cpu_seconds(self.pid)
         return None if now is None else max(0.0, now - self.cpu_base)
 
-    def demote(self) -> None:
+    def signal(self, signum: int) -> None:
         try:
-            os.setpriority(os.PRIO_PROCESS, self.pid, 19)
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            else:
+                os.kill(self.pid, signum)
         except OSError:
             pass
-        self.demoted = True
 
     def kill(self) -> None:
         """SIGKILL, and where a pidfd says when, return once the process is gone."""
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-                poller = select.poll()
-                poller.register(self.pidfd, select.POLLIN)
-                poller.poll(1000)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        self.signal(signal.SIGKILL)
+        if self.pidfd is not None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            poller.poll(1000)
         self.close()
 
     def close(self) -> None:
@@ -692,8 +691,10 @@ class _Pool:
         self.size = size
         self.pid = os.getpid()
         self.cond = threading.Condition()  # guards every field below
-        self.fast = 0  # answers holding a fast-lane place
-        self.slow = 0  # workers in the slow lane
+        self.running = 0  # answers whose workers may run (at most size)
+        self.waiting: list[list] = []  # answers waiting for a running place, see _acquire
+        self.arrivals = itertools.count()
+        self.live = threading.BoundedSemaphore(max(MAX_LIVE_WORKERS, 8 * size))
         self.idle: list[_Worker] = []
         self.busy: set[_Worker] = set()
         self.zygote: _Zygote | None = None
@@ -740,52 +741,84 @@ class _Pool:
     def _done(self, worker: _Worker, reusable: bool) -> None:
         with self.cond:
             self.busy.discard(worker)
-            if worker.demoted:
-                self.slow -= 1
-            if reusable and not worker.demoted and not self.closed:
+            if reusable and not self.closed:
                 self.idle.append(worker)
                 return
         worker.kill()
 
+    def _acquire(self, attained: float) -> None:
+        """Wait for a running place; the waiter that has had the least CPU goes first."""
+        with self.cond:
+            if self.running < self.size and not self.waiting:
+                self.running += 1
+                return
+            entry = [attained, next(self.arrivals), False]  # [CPU so far, arrival, granted]
+            self.waiting.append(entry)
+            try:
+                while not entry[2]:
+                    self.cond.wait()
+            except BaseException:
+                if entry[2]:
+                    self._release_locked()
+                else:
+                    self.waiting.remove(entry)
+                raise
+
+    def _release_locked(self) -> None:
+        if self.waiting:
+            best = min(self.waiting)
+            self.waiting.remove(best)
+            best[2] = True  # the place passes straight to it
+            self.cond.notify_all()
+        else:
+            self.running -= 1
+
+    def _release(self) -> None:
+        with self.cond:
+            self._release_locked()
+
+    def _should_yield(self, attained: float) -> bool:
+        with self.cond:
+            return bool(self.waiting) and min(self.waiting)[0] + QUANTUM_S <= attained
+
     def _attempt(self, data: bytes, budget: float) -> tuple[str, float]:
         """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died', CPU seconds used)."""
-        with self.cond:
-            while self.fast >= self.size:
-                self.cond.wait()
-            self.fast += 1
-        in_fast, worker, used, reusable = True, None, 0.0, False
-        try:
-            worker = self._take()
-            worker.send(data)
-            sent = time.monotonic()
-            while True:
-                # CPU time grows no faster than wall time: sleep until the next threshold could be reached
-                threshold = FAST_SLICE_S if in_fast and used < FAST_SLICE_S < budget else budget
-                reply = worker.reply(min(POLL_MAX_S, max(POLL_MIN_S, threshold - used)))
-                if reply is not None:
-                    reusable = True
-                    return ("equal" if reply.get("equal") else "different"), used
-                cpu = worker.cpu_used()
-                used = time.monotonic() - sent if cpu is None else cpu
-                if used >= budget or time.monotonic() - sent > WALL_BACKSTOP_FACTOR * budget:
-                    return ("timeout" if worker.warm else "cold"), used
-                if in_fast and used >= FAST_SLICE_S:
-                    with self.cond:
-                        if self.slow < SLOW_LANE:
-                            self.slow += 1
-                            worker.demote()
-                            self.fast -= 1
-                            in_fast = False
-                            self.cond.notify()
-        except _WorkerDied:
-            return "died", used
-        finally:
-            if worker is not None:
-                self._done(worker, reusable)
-            if in_fast:
-                with self.cond:
-                    self.fast -= 1
-                    self.cond.notify()
+        with self.live:
+            self._acquire(0.0)
+            holding, worker, used, reusable = True, None, 0.0, False
+            try:
+                worker = self._take()
+                worker.send(data)
+                running = 0.0  # wall time the worker has been let run on this answer
+                while True:
+                    # CPU time grows no faster than wall time: sleep until the next check could be due
+                    due = FAST_SLICE_S if used < FAST_SLICE_S else used + QUANTUM_S
+                    start = time.monotonic()
+                    reply = worker.reply(min(POLL_MAX_S, max(POLL_MIN_S, min(due, budget) - used)))
+                    running += time.monotonic() - start
+                    if reply is not None:
+                        reusable = worker.warm  # a cold worker served the first call; warm ones replace it
+                        return ("equal" if reply.get("equal") else "different"), used
+                    cpu = worker.cpu_used()
+                    used = running if cpu is None else cpu
+                    if used >= budget or running > WALL_BACKSTOP_FACTOR * budget:
+                        return ("timeout" if worker.warm else "cold"), used
+                    if used >= FAST_SLICE_S and self._should_yield(used):
+                        worker.signal(signal.SIGSTOP)  # its CPU clock stops too
+                        holding = False
+                        self._release()
+                        try:
+                            self._acquire(used)
+                            holding = True
+                        finally:
+                            worker.signal(signal.SIGCONT)
+            except _WorkerDied:
+                return "died", used
+            finally:
+                if worker is not None:
+                    self._done(worker, reusable)
+                if holding:
+                    self._release()
 
     def verify(self, request: dict, timeout: float) -> tuple[bool | None, bool]:
         """(equal, timed_out); equal is None when math_verify could not be run on the answer."""
