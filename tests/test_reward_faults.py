@@ -288,6 +288,7 @@ def test_math_verify_that_cannot_import_is_reported_once(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=False
     )
+    assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["scores"] == [0.0, 0.0, 1.0]  # the cheap checks still score what they can decide
     assert len(out["warnings"]) == 1 and "math_verify is broken in this Python" in out["warnings"][0]

@@ -485,10 +485,14 @@ def _serve(control_fd: int, caller: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
     gc.freeze()  # objects made so far stay untouched by workers' collections: their pages stay shared
     control.send(b'{"ready": true}')
-    warm = False
-    while control.recv(64):  # an empty read: the caller closed the pool
-        _fork_worker(control, libc, warm)
-        if not warm:  # the first worker serves the first call at once; later ones inherit a warm parser
+    forked = warm = False
+    while True:
+        message = control.recv(64)
+        if not message:
+            return  # the caller closed the pool
+        if forked and not warm:
+            # the first worker serves the first call at once, cold; the warm-up waits until that call is
+            # done ("warm") or another worker is wanted, so that the two do not share the CPU
             for truth, answer in _WARM_UP:
                 try:
                     verify(parse("\\boxed{" + truth + "}"), parse("\\boxed{" + answer + "}"))
@@ -496,6 +500,9 @@ def _serve(control_fd: int, caller: int) -> None:
                     pass
             gc.freeze()
             warm = True
+        if message == b"fork":
+            _fork_worker(control, libc, warm)
+            forked = True
 
 
 def _fork_worker(control: socket.socket, libc: Any, warm: bool) -> None:
@@ -671,6 +678,16 @@ class _Zygote:
         pidfd = fds[1] if len(fds) > 1 else None
         return _Worker(status["pid"], socket.socket(fileno=fds[0]), pidfd, bool(status.get("warm")))
 
+    def nudge(self) -> None:
+        """Tell the zygote the cold first call is done, so it may warm up (skipped while a fork is asked)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self.sock.sendmsg([b"warm"], [], socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
+            finally:
+                self.lock.release()
+
     def kill(self) -> None:
         if self.proc.poll() is None:  # not reaped, so its process group id is still its own
             try:
@@ -798,6 +815,8 @@ class _Pool:
                     running += time.monotonic() - start
                     if reply is not None:
                         reusable = worker.warm  # a cold worker served the first call; warm ones replace it
+                        if not worker.warm and self.zygote is not None:
+                            self.zygote.nudge()
                         return ("equal" if reply.get("equal") else "different"), used
                     cpu = worker.cpu_used()
                     used = running if cpu is None else cpu
