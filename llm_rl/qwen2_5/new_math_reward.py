@@ -13,7 +13,10 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   (default 1 s) on the CPU time math_verify spends on it, and a worker that overruns is killed, so the
   stuck computation really stops.  Waiting for a worker, helpers that die and other answers' load never
   cost an answer its score; no helper outlives the caller.  Cheap checks in the caller decide most
-  answers without sympy.
+  answers without sympy, by exact rationals where the values are rational: repeating decimals
+  (``0.1\\overline{6}`` = 1/6), complex numbers (``\\frac{3+4i}{5}`` = 0.6+0.8i), inequalities either way
+  round and as intervals (``3>x>-2`` = ``(-2,3)``), numerals with a base (``1011_3`` is not ``1011_2``),
+  degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``).
 
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
 """
@@ -82,10 +85,6 @@ _OR_RE = re.compile(r"\bor\b", re.IGNORECASE)
 _SPACING_RE = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\s+")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
-_INT_RE = re.compile(r"[+-]?\d+")
-_DEC_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
-_FRAC_RE = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{(\d+)\}")
-_SLASH_RE = re.compile(r"([+-]?\d+)/(\d+)")
 _NUM_TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\\cdot|\\times|[-+*/^(){}])")
 
 
@@ -137,7 +136,19 @@ def _norm(s: str) -> str:
     s = _SPACING_RE.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _unicode(s).replace("^{\\circ}", "^\\circ").replace("\\degree", "^\\circ")
+    s = s.replace("\\text{degrees}", "^\\circ").replace("\\text{degree}", "^\\circ")
     return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
+
+
+_UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
+_UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
+_UNICODE_RE = re.compile("|".join(_UNICODE))
+
+
+def _unicode(s: str) -> str:
+    """The LaTeX for the Unicode signs models write: 36°, −2, 3×4, π, ≤."""
+    return _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s) if not s.isascii() else s
 
 
 class _Answer(NamedTuple):
@@ -226,44 +237,378 @@ def cot_milli(response: str) -> int:
 # ---------------------------------------------------------------- cheap verdicts and hostile input
 
 
-def _number(s: str) -> tuple[Fraction, bool] | None:
-    """(value, exact) for a plain integer, decimal or fraction, else None."""
+class _Value(NamedTuple):
+    re: Fraction
+    im: Fraction
+    exact: bool  # no finite decimal in it (math_verify compares decimals after rounding)
+
+
+_PERIODS = (  # how the repeating digits of a decimal are marked: 0.1\overline{6}, 0.1\bar{6}, 0.1\dot{6}, 0.1(6)
+    r"\\(?:overline|bar)\{(\d+)\}",
+    r"\\(?:overline|bar)(\d)",
+    r"\\dot\{(\d)\}(\d*)\\dot\{(\d)\}",
+    r"\\dot\{(\d)\}",
+    r"\((\d+)\)",
+)
+_REPEATING_RE = re.compile(r"(\d*)\.(\d*)(?:" + "|".join(_PERIODS) + ")")
+_EXACT_TOKEN_RE = re.compile(r"(\d+\.\d+|\d+|\.\d+)|(\\frac|\\cdot|\\times|\\div|[-+*/^(){}i])")
+_MAX_EXACT_POWER = 64
+MAX_EXACT_BITS = 4096
+
+
+def _repeating(m: re.Match) -> Fraction:
+    """The rational a repeating decimal such as 0.1\\overline{6} stands for."""
+    whole, fixed = m.group(1) or "0", m.group(2)
+    if m.group(5) is not None:  # \dot{x}...\dot{y}: the period runs from x to y
+        period = m.group(5) + m.group(6) + m.group(7)
+    else:
+        period = m.group(3) or m.group(4) or m.group(8) or m.group(9)
+    scale = 10 ** len(fixed)
+    return (
+        int(whole)
+        + Fraction(int(fixed or "0"), scale)
+        + Fraction(int(period), scale * (10 ** len(period) - 1))
+    )
+
+
+class _Exact:
+    """Exact value of arithmetic on rationals and i (numbers, repeating decimals, \\frac, + - * / ^, brackets)."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            m = _REPEATING_RE.match(text, pos)
+            if m is not None:
+                self.tokens.append(("num", m.group()))
+                pos = m.end()
+                continue
+            m = _EXACT_TOKEN_RE.match(text, pos)
+            if m is None:
+                raise ValueError("not exact arithmetic")
+            self.tokens.append(("num", m.group(1)) if m.group(1) else ("op", m.group(2)))
+            pos = m.end()
+        self.i = 0
+        self.exact = True
+
+    def value(self) -> _Value:
+        re_, im = self._sum()
+        if self.i != len(self.tokens):
+            raise ValueError("trailing tokens")
+        return _Value(re_, im, self.exact)
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.i][1] if self.i < len(self.tokens) else None
+
+    def _take(self, expected: str) -> None:
+        if self._peek() != expected:
+            raise ValueError(f"expected {expected}")
+        self.i += 1
+
+    def _sum(self) -> tuple[Fraction, Fraction]:
+        a, b = self._product()
+        while self._peek() in ("+", "-"):
+            sign = 1 if self.tokens[self.i][1] == "+" else -1
+            self.i += 1
+            c, d = self._product()
+            a, b = a + sign * c, b + sign * d
+        return a, b
+
+    def _product(self) -> tuple[Fraction, Fraction]:
+        value = self._unary()
+        while True:
+            tok = self._peek()
+            if tok in ("*", "\\cdot", "\\times", "/", "\\div"):
+                self.i += 1
+                rhs = self._unary()
+                value = _cdiv(value, rhs) if tok in ("/", "\\div") else _cmul(value, rhs)
+            elif tok in ("i", "(", "{", "\\frac") or (tok is not None and self.tokens[self.i][0] == "num"):
+                if tok == "\\frac" and self.tokens[self.i - 1][0] == "num":
+                    raise ValueError("1\\frac{1}{2} may be a mixed number: math_verify decides")
+                value = _cmul(value, self._power())  # juxtaposition: 4i, 2(3+i), \frac{1}{2}i
+            else:
+                return value
+
+    def _unary(self) -> tuple[Fraction, Fraction]:
+        if self._peek() in ("-", "+"):
+            sign = -1 if self.tokens[self.i][1] == "-" else 1
+            self.i += 1
+            a, b = self._unary()
+            return sign * a, sign * b
+        return self._power()
+
+    def _power(self) -> tuple[Fraction, Fraction]:
+        base = self._atom()
+        if self._peek() != "^":
+            return base
+        self.i += 1
+        exp_re, exp_im = self._atom() if self._peek() != "-" else self._unary()
+        if exp_im or exp_re.denominator != 1 or abs(exp_re) > _MAX_EXACT_POWER:
+            raise ValueError("not an exact power")
+        result = (Fraction(1), Fraction(0))
+        for _ in range(abs(int(exp_re))):
+            result = _cmul(result, base)
+        return _cdiv((Fraction(1), Fraction(0)), result) if exp_re < 0 else result
+
+    def _atom(self) -> tuple[Fraction, Fraction]:
+        if self.i >= len(self.tokens):
+            raise ValueError("missing operand")
+        kind, tok = self.tokens[self.i]
+        self.i += 1
+        if kind == "num":
+            m = _REPEATING_RE.fullmatch(tok)
+            if m is not None:
+                return _repeating(m), Fraction(0)
+            if "." in tok:
+                self.exact = False
+            return Fraction(tok), Fraction(0)
+        if tok == "i":
+            return Fraction(0), Fraction(1)
+        if tok in ("(", "{"):
+            value = self._sum()
+            self._take(")" if tok == "(" else "}")
+            return value
+        if tok == "\\frac":
+            self._take("{")
+            num = self._sum()
+            self._take("}")
+            self._take("{")
+            den = self._sum()
+            self._take("}")
+            return _cdiv(num, den)
+        raise ValueError(f"unexpected {tok}")
+
+
+def _small(x: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    """x, unless a part has grown past MAX_EXACT_BITS (2^{64^{64}} is not evaluated here)."""
+    for part in x:
+        if part.numerator.bit_length() > MAX_EXACT_BITS or part.denominator.bit_length() > MAX_EXACT_BITS:
+            raise ValueError("too large to evaluate exactly")
+    return x
+
+
+def _cmul(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    return _small((x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]))
+
+
+def _cdiv(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    norm = y[0] * y[0] + y[1] * y[1]
+    if not norm:
+        raise ValueError("division by zero")
+    return _small(((x[0] * y[0] + x[1] * y[1]) / norm, (x[1] * y[0] - x[0] * y[1]) / norm))
+
+
+def _exact(s: str) -> _Value | None:
+    """The exact value of a normalised answer that is plain arithmetic on rationals and i, else None."""
     s = s.replace("{,}", "")
-    if len(s) > 40:
+    if not s or len(s) > 200 or not any(c.isdigit() for c in s) and "i" not in s:
         return None
-    if _INT_RE.fullmatch(s):
-        return Fraction(int(s)), True
-    if _DEC_RE.fullmatch(s):
-        return Fraction(s), False
-    m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
+    try:
+        return _Exact(s).value()
+    except (ValueError, ZeroDivisionError, RecursionError, OverflowError):
+        return None
+
+
+_DEGREES_RE = re.compile(r"\^\\circ$")
+_PERCENT_RE = re.compile(r"\\?%$")
+_BASE_RE = re.compile(r"(?:\\text\{([0-9A-Z]+)\}|\(([0-9A-Z]+)\)|([0-9A-Z]+))_(?:\{(\d{1,2})\}|(\d))")
+_DIGITS_RE = re.compile(r"[0-9A-Z]+")
+
+
+def _based(s: str) -> tuple[str, int] | None:
+    """(digits, base) for a numeral with a subscript base such as 1011_2 or \\text{A3}_{16}."""
+    m = _BASE_RE.fullmatch(s)
     if m is None:
         return None
-    groups = m.groups()
-    sign = -1 if len(groups) == 3 and groups[0] == "-" else 1
-    num, den = int(groups[-2]), int(groups[-1])
-    return (Fraction(sign * num, den), True) if den else None
+    digits = m.group(1) or m.group(2) or m.group(3)
+    base = int(m.group(4) or m.group(5))
+    if not 2 <= base <= 36 or _in_base(digits, base) is None:
+        return None  # P_2 is a point, not a numeral
+    return digits, base
+
+
+def _in_base(digits: str, base: int) -> int | None:
+    try:
+        return int(digits, base)
+    except ValueError:
+        return None
+
+
+def _base_verdict(answer: str, truth: str) -> bool | None:
+    """A subscript base is part of the value: right only in the truth's base, with the truth's value."""
+    t, a = _based(truth), _based(answer)
+    if t is None and a is None:
+        return None
+    if t is None:  # the truth is in base 10: the answer must be too
+        value = _exact(truth)
+        return a[1] == 10 and value is not None and not value.im and value.re == _in_base(a[0], 10)
+    want = _in_base(*t)
+    if a is not None:
+        return a[1] == t[1] and want is not None and _in_base(*a) == want
+    if _DIGITS_RE.fullmatch(answer) is None:
+        return None
+    return want is not None and _in_base(answer, t[1]) == want
+
+
+_RELATION_RE = re.compile(r"(\\(?:leqslant|geqslant|leq|geq|le|ge|lt|gt)|<=|>=|≤|≥|<|>)")  # 3\geq x: "3\geqx"
+_LESS = {"<": "<", "\\lt": "<", "\\le": "\\le", "\\leq": "\\le", "<=": "\\le", "≤": "\\le"}
+_LESS["\\leqslant"] = "\\le"
+_GREATER = {">": "<", "\\gt": "<", "\\ge": "\\le", "\\geq": "\\le", ">=": "\\le", "≥": "\\le"}
+_GREATER["\\geqslant"] = "\\le"
+
+
+class _Chain(NamedTuple):
+    terms: list[str]
+    relations: list[str]  # "<" or "\\le", read left to right
+    turned: bool  # written with > / >= and turned round
+
+
+def _chain(s: str) -> _Chain | None:
+    """An inequality chain read with < and <= only (3>x>-2 is -2<x<3), None when s is not one."""
+    if "arrow" in s:  # \leftarrow, \Longleftrightarrow: not a relation of order
+        return None
+    parts = _RELATION_RE.split(s)
+    if len(parts) < 3 or any(not p for p in parts[::2]):
+        return None
+    terms, relations = parts[::2], parts[1::2]
+    if all(r in _LESS for r in relations):
+        return _Chain(terms, [_LESS[r] for r in relations], False)
+    if all(r in _GREATER for r in relations):
+        return _Chain(terms[::-1], [_GREATER[r] for r in relations[::-1]], True)
+    return None
+
+
+def _chain_text(chain: _Chain) -> str:
+    return chain.terms[0] + "".join(r + t for r, t in zip(chain.relations, chain.terms[1:], strict=True))
+
+
+def _term_verdict(a: str, t: str) -> bool | None:
+    if a == t:
+        return True
+    av, tv = _exact(a), _exact(t)
+    if av is None or tv is None:
+        return None
+    return (av.re, av.im) == (tv.re, tv.im) or (None if not (av.exact and tv.exact) else False)
+
+
+def _chain_verdict(answer: str, truth: str) -> bool | None:
+    """Inequalities compared term by term in one direction (3>x>-2 is -2<x<3), or as intervals."""
+    a, t = _chain(answer), _chain(truth)
+    if a is None and t is None:
+        return None
+    if a is None or t is None or len(a.terms) != len(t.terms):
+        return _interval_verdict(answer, truth)  # -2<x<3 against (-2,3) or x\in(-2,3)
+    if a.relations != t.relations:
+        return False
+    return _all_verdict([_term_verdict(x, y) for x, y in zip(a.terms, t.terms, strict=True)])
+
+
+def _all_verdict(verdicts: list[bool | None]) -> bool | None:
+    if False in verdicts:
+        return False
+    return True if all(verdicts) else None
+
+
+_VARIABLE_RE = re.compile(r"[a-zA-Z]|\\[a-z]+")
+_INTERVAL_RE = re.compile(r"(?:(?:[a-zA-Z]|\\[a-z]+)\\in)?([(\[])([^,()\[\]]+),([^,()\[\]]+)([)\]])")
+_INFINITY = {"\\infty": 1, "+\\infty": 1, "-\\infty": -1}
+
+
+class _Interval(NamedTuple):
+    low: str
+    low_closed: bool
+    high: str
+    high_closed: bool
+    variable: str | None  # the letter of an inequality; None for interval notation
+
+
+def _interval(s: str) -> _Interval | None:
+    """The interval an inequality in one variable or an interval (a,b], x\\in[a,b) stands for."""
+    chain = _chain(s)
+    if chain is not None:
+        terms, closed = chain.terms, [r == "\\le" for r in chain.relations]
+        if len(terms) == 3 and _VARIABLE_RE.fullmatch(terms[1]):
+            return _Interval(terms[0], closed[0], terms[2], closed[1], terms[1])
+        if len(terms) == 2 and _VARIABLE_RE.fullmatch(terms[0]):
+            return _Interval("-\\infty", False, terms[1], closed[0], terms[0])
+        if len(terms) == 2 and _VARIABLE_RE.fullmatch(terms[1]):
+            return _Interval(terms[0], closed[0], "\\infty", False, terms[1])
+        return None
+    m = _INTERVAL_RE.fullmatch(s)
+    if m is None:
+        return None
+    return _Interval(m.group(2), m.group(1) == "[", m.group(3), m.group(4) == "]", None)
+
+
+def _endpoint_verdict(a: str, t: str) -> bool | None:
+    if a in _INFINITY or t in _INFINITY:
+        return _INFINITY.get(a) == _INFINITY.get(t)
+    return _term_verdict(a, t)
+
+
+def _interval_verdict(answer: str, truth: str) -> bool | None:
+    a, t = _interval(answer), _interval(truth)
+    if a is None or t is None or a.variable is None and t.variable is None:
+        return None  # (1,2) against (1,2] is left as it was: it may be a point
+    if a.variable and t.variable and a.variable != t.variable:
+        return None
+    closed = (a.low_closed, a.high_closed) == (t.low_closed, t.high_closed)
+    ends = _all_verdict([_endpoint_verdict(a.low, t.low), _endpoint_verdict(a.high, t.high)])
+    return ends if ends is not True or closed else False
+
+
+def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
+    if (a.re, a.im) == (t.re, t.im):
+        return True
+    # math_verify compares decimals after rounding; only a clear gap is decided here
+    gap = max(abs(a.re - t.re), abs(a.im - t.im))
+    if not (a.exact and t.exact) and gap <= Fraction(1, 10_000) * max(1, abs(t.re), abs(t.im)):
+        return None
+    return False
+
+
+def _verdict_one(a: str, t: str) -> bool | None:
+    """True/False when the answer and one truth are decided without sympy, None when sympy must."""
+    if a == t:
+        return True
+    for rule in (_base_verdict, _chain_verdict):
+        verdict = rule(a, t)
+        if verdict is not None:
+            return verdict
+    # MATH's convention: a number is right when the truth merely appends a degree or percent sign
+    au, tu = _DEGREES_RE.sub("", a), _DEGREES_RE.sub("", t)
+    ap, tp = _PERCENT_RE.sub("", au), _PERCENT_RE.sub("", tu)
+    av, tv = _exact(ap), _exact(tp)
+    if av is None or tv is None:
+        return None
+    verdict = _numeric_verdict(av, tv)
+    if (ap != au or tp != tu) and verdict is not True:
+        return None  # 0.5 may be meant for 50\%: what math_verify makes of it stands
+    return verdict
 
 
 def fast_verdict(answer: str, truths: tuple[str, ...]) -> bool | None:
     """True/False when spelling or exact arithmetic decides, None when sympy must."""
     a = _norm(answer)
-    normed = [_norm(t) for t in truths]
-    if a and a in normed:
-        return True
-    av = _number(a)
-    if av is None:
+    if not a:
         return None
-    undecided = False
-    for t in normed:
-        tv = _number(t)
-        if tv is None:
-            return None
-        if av[0] == tv[0]:
-            return True
-        # math_verify compares decimals after rounding; only a clear gap is decided here
-        if not (av[1] and tv[1]) and abs(av[0] - tv[0]) <= Fraction(1, 10_000) * max(1, abs(tv[0])):
-            undecided = True
-    return None if undecided else False
+    verdicts = [_verdict_one(a, _norm(t)) for t in truths]
+    if True in verdicts:
+        return True
+    return False if verdicts and all(v is False for v in verdicts) else None
+
+
+def _for_sympy(s: str) -> str:
+    """A spelling math_verify reads as meant: degree signs, repeating decimals as fractions, chains with <."""
+    s = _unicode(s)
+
+    def fraction(m: re.Match) -> str:
+        value = _repeating(m)
+        return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+    s = _REPEATING_RE.sub(fraction, s)
+    chain = _chain(_norm(s))
+    return _chain_text(chain) if chain is not None and chain.turned else s
 
 
 class _Numeric:
@@ -944,11 +1289,11 @@ def _verify(
     if verdict is None:
         if is_hostile(answer.text):
             return False, False
-        sane = tuple(t for t in truths if not is_hostile(t))
+        sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
         if not sane:
             return False, False
         pool = _get_pool(workers)
-        request = {"answer": answer.text, "boxed": answer.boxed, "truths": list(sane)}
+        request = {"answer": _for_sympy(answer.text), "boxed": answer.boxed, "truths": list(sane)}
         equal, timed_out = pool.verify(request, timeout)
         if equal is None:
             if pool.fatal is not None:
