@@ -1,4 +1,4 @@
-"""Hard MATH judgements: repeating decimals, unit signs, complex numbers, inequalities, bases.
+"""Hard MATH judgements: repeating decimals, unit signs, complex numbers, inequalities, bases, several boxes.
 
 Each category both ways round (the truth in either form), with near misses off by a sign, a factor, an
 endpoint or a base.  Where the rule is exact arithmetic, the test also checks that no sympy is needed.
@@ -171,6 +171,25 @@ def test_subscripts_that_are_not_bases_are_left_alone(reward):
     assert judged(reward, "a_2+1", "1+a_2")
 
 
+BOXES_RIGHT = [
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.5}", "\\frac12"),
+    ("\\boxed{0.5} = \\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{0.\\overline{3}}, i.e. \\boxed{\\frac13}", "\\frac13"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+1)^2}", "(x+1)^2"),  # only sympy sees these are equal
+    ("\\boxed{2} \\boxed{2.0}", "2"),
+    ("\\boxed{3>x>-2} \\boxed{-2<x<3}", "-2<x<3"),
+]
+BOXES_WRONG = [
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.6}", "\\frac12"),  # disagree in value: refused
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.6}", "0.6"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+2)^2}", "(x+2)^2"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+2)^2}", "(x+1)^2"),
+    ("\\boxed{1} \\boxed{-1}", "1"),
+    ("\\boxed{\\frac12} = \\boxed{0.5}", "0.25"),  # agree with each other, not with the truth
+    ("\\boxed{9^{9^{9^{9^{9}}}}} = \\boxed{1}", "1"),  # a box sympy cannot compare in time: refused
+]
+
+
 INTERVAL_RIGHT = both_ways(
     [
         ("(-2,3)", "-2<x<3"),
@@ -196,6 +215,7 @@ CATEGORIES = {  # name: (judged right, judged wrong)
     "inequality": (INEQUALITY_RIGHT, INEQUALITY_WRONG),
     "interval": (INTERVAL_RIGHT, INTERVAL_WRONG),
     "base": (BASES_RIGHT, BASES_WRONG),
+    "several boxes": (BOXES_RIGHT, BOXES_WRONG),
 }
 RIGHT = [(name, a, t) for name, (right, _) in CATEGORIES.items() for a, t in right]
 WRONG = [(name, a, t) for name, (_, wrong) in CATEGORIES.items() for a, t in wrong]

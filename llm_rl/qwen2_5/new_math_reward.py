@@ -16,7 +16,8 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   answers without sympy, by exact rationals where the values are rational: repeating decimals
   (``0.1\\overline{6}`` = 1/6), complex numbers (``\\frac{3+4i}{5}`` = 0.6+0.8i), inequalities either way
   round and as intervals (``3>x>-2`` = ``(-2,3)``), numerals with a base (``1011_3`` is not ``1011_2``),
-  degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``).
+  degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
+  must agree in value.
 
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
 """
@@ -155,10 +156,29 @@ class _Answer(NamedTuple):
     text: str | None  # the candidate answer; None when there is none
     boxed: bool  # came from \boxed{} (math_verify gets it wrapped again)
     ambiguous: bool  # offers several different values
+    others: tuple[str, ...] = ()  # other boxes only sympy can compare with this one: all must equal it
 
 
-def _agree(text: str, spans: list[tuple[int, int]]) -> bool:
-    return len({_norm(text[a:b]) for a, b in spans}) <= 1
+MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
+
+
+def _agree(text: str, spans: list[tuple[int, int]]) -> tuple[bool, tuple[str, ...]]:
+    """(agree, others): boxes are one answer when equal in value; others are left for sympy to compare."""
+    last = _norm(text[spans[-1][0] : spans[-1][1]])
+    spellings = {_norm(text[a:b]) for a, b in spans[:-1]} - {last}
+    if len(spellings) > MAX_BOX_SPELLINGS:
+        return False, ()
+    others = []
+    for box in sorted(spellings):
+        verdict = fast_verdict(box, (last,))
+        if verdict is not True:  # either may be read as the truth: 1011 and 1011_2 agree both ways
+            other_way = fast_verdict(last, (box,))
+            verdict = True if other_way else verdict if other_way is False else None
+        if verdict is False or verdict is None and (is_hostile(box) or is_hostile(last)):
+            return False, ()
+        if verdict is None:
+            others.append(box)
+    return True, tuple(others)
 
 
 def extract_answer(response: str) -> _Answer:
@@ -173,7 +193,8 @@ def extract_answer(response: str) -> _Answer:
         spans = _boxed_spans(block)
         if spans:
             a, b = spans[-1]
-            return _Answer(block[a:b], True, not _agree(block, spans))
+            agree, others = _agree(block, spans)
+            return _Answer(block[a:b], True, not agree, others)
         plain = _strip_math(block)
         return _Answer(plain or None, False, bool(_OR_RE.search(plain)))
     t_close = response.rfind(THINK_CLOSE)
@@ -186,7 +207,8 @@ def extract_answer(response: str) -> _Answer:
     if t_close < 0:  # no reasoning marker: only values boxed on the final line compete
         line_start = region.rfind("\n", 0, a) + 1
         spans = [s for s in spans if s[0] >= line_start]
-    return _Answer(region[a:b], True, not _agree(region, spans))
+    agree, others = _agree(region, spans)
+    return _Answer(region[a:b], True, not agree, others)
 
 
 # ---------------------------------------------------------------- format and chain of thought
@@ -788,7 +810,12 @@ def _serve_answers(sock: socket.socket) -> None:
             req = json.loads(message)
             answer = req["answer"]
             pred = parse_cached("\\boxed{" + answer + "}" if req["boxed"] else answer)
-            equal = any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in req["truths"])
+            truths = req["truths"]  # None: the answer is known right, only the other boxes are in doubt
+            equal = truths is None or any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in truths)
+            # every other box must hold the same value as the answer
+            equal = equal and all(
+                verify(pred, parse_cached("\\boxed{" + o + "}")) for o in req.get("others", ())
+            )
             reply = {"equal": bool(equal)}
         except Exception as exc:  # noqa: BLE001 - a bad answer is a wrong answer, never a crash
             reply = {"equal": False, "error": repr(exc)[:200]}
@@ -1279,21 +1306,26 @@ def _verify(
     answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None
 ) -> tuple[bool, bool]:
     """(correct, timed_out) through the cache, the cheap verdicts and the worker pool."""
-    key = (answer.text, answer.boxed, truths)
+    key = (answer.text, answer.boxed, truths, answer.others)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key], False
     verdict = fast_verdict(answer.text, truths)
     timed_out = False
-    if verdict is None:
+    if verdict is None or verdict and answer.others:
         if is_hostile(answer.text):
             return False, False
         sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
         if not sane:
             return False, False
         pool = _get_pool(workers)
-        request = {"answer": _for_sympy(answer.text), "boxed": answer.boxed, "truths": list(sane)}
+        request = {
+            "answer": _for_sympy(answer.text),
+            "boxed": answer.boxed,
+            "truths": None if verdict else list(sane),
+            "others": [_for_sympy(o) for o in answer.others],
+        }
         equal, timed_out = pool.verify(request, timeout)
         if equal is None:
             if pool.fatal is not None:
