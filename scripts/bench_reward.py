@@ -328,6 +328,36 @@ def memory(module, workers: int) -> str:
     return "; ".join(parts)
 
 
+def hard(versions: dict[str, Path]) -> None:
+    """Accuracy on the hard judgements of tests/test_reward_hard.py (right answers and near misses)."""
+    tests = Path(__file__).resolve().parents[1] / "tests"
+    sys.path.insert(0, str(tests))  # the table imports its helpers from test_reward, as pytest runs it
+    tables = _load_file(tests / "test_reward_hard.py", "hard_cases")
+    print(f"\nhard judgements ({len(tables.RIGHT)} right answers, {len(tables.WRONG)} near misses)")
+    for name, path in versions.items():
+        module = _load_file(path, f"reward_hard_{name}")
+        wrong: dict[str, list[int]] = {}
+        start = time.perf_counter()
+        for expected, cases in ((True, tables.RIGHT), (False, tables.WRONG)):
+            for category, answer, truth in cases:
+                boxed = answer if answer.startswith("\\boxed") else f"\\boxed{{{answer}}}"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    got = module.compute_score_dict("s", tables.make(boxed), truth)["correct"]
+                if got != expected:
+                    wrong.setdefault(category, [0, 0])[0 if expected else 1] += 1
+        seconds = time.perf_counter() - start
+        total = len(tables.RIGHT) + len(tables.WRONG)
+        misses = sum(sum(v) for v in wrong.values())
+        false_pos = sum(v[1] for v in wrong.values())
+        detail = ", ".join(f"{c} {v[0]} missed / {v[1]} false" for c, v in wrong.items()) or "none wrong"
+        print(
+            f"  {name:<6} accuracy {(total - misses) / total:.3f}  false positives {false_pos}  "
+            f"({detail}; {seconds:.1f} s)"
+        )
+        module.shutdown()
+
+
 def faults(versions: dict[str, Path], args) -> None:
     """The issue-12 figures for each version side by side."""
     print(
@@ -365,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequential math_verify run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--scenario", choices=("step", "faults", "all"), default="all", help="what to measure (default all)"
+        "--scenario",
+        choices=("step", "faults", "hard", "all"),
+        default="all",
+        help="what to measure (default all)",
     )
     parser.add_argument(
         "--before",
@@ -392,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {available_cores()}")
     if args.scenario in ("step", "all"):
         step(args, versions)
+    if args.scenario in ("hard", "all"):
+        hard(versions)
     if args.scenario in ("faults", "all"):
         faults(versions, args)
     print(f"machine: {available_cores()}")
