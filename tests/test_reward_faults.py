@@ -298,3 +298,19 @@ def test_warning_free_when_all_is_well(reward):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert score_all(reward, range(3)) == expected(range(3))
+
+
+def test_a_zygote_that_exits_at_once_is_still_heard(tmp_path, monkeypatch):
+    """The zygote may report that math_verify cannot import and exit before the first fork is asked."""
+    module = load_reward()
+    fake = tmp_path / "math_verify"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no math_verify here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    zygote = module._Zygote()
+    try:
+        zygote.proc.wait(timeout=60)  # gone before the caller says a word
+        with pytest.raises(module._Unavailable, match="no math_verify here"):
+            zygote.fork()
+    finally:
+        zygote.kill()

@@ -1034,16 +1034,19 @@ class _Zygote:
         """A new worker; raises _Unavailable when math_verify cannot import, _WorkerDied when the zygote died."""
         with self.lock:
             deadline = time.monotonic() + ZYGOTE_STARTUP_TIMEOUT_S
+            gone = None
             try:  # sent before the zygote is ready, so it forks before it starts warming up
                 self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
             except OSError as exc:
-                raise _WorkerDied(f"math_verify zygote gone ({exc})") from exc
+                gone = exc  # it may have said why before it exited: read that first
             if not self.ready:
                 status, _ = self._message(deadline)
                 if not status.get("ready"):
                     error = status.get("error", "no reason given")
                     raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
                 self.ready = True
+            if gone is not None:
+                raise _WorkerDied(f"math_verify zygote gone ({gone})")
             status, fds = self._message(deadline)
         if not fds:
             raise _WorkerDied("math_verify zygote sent no worker")
