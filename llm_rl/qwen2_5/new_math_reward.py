@@ -56,6 +56,7 @@ WORKER_MEMORY_LIMIT = 4 << 30
 ZYGOTE_STARTUP_TIMEOUT_S = 60.0  # a zygote that has not imported math_verify by then is replaced
 FAST_SLICE_S = 0.1  # CPU an answer uses before it can be made to wait for answers that have had less
 QUANTUM_S = 0.05  # after that, it yields its place to one that has had this much less CPU
+BATCH_THREADS_PER_WORKER = 4
 MAX_LIVE_WORKERS = 64  # running and waiting workers at most (per pool: at least 8 per running place)
 WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
 MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
@@ -1488,7 +1489,8 @@ def compute_score_batch(
         except Exception:  # noqa: BLE001
             results[i] = _zero()
 
-    threads = workers or _default_workers()
+    # more callers than running places, so that ordinary answers pass a slow one instead of queueing
+    threads = BATCH_THREADS_PER_WORKER * (workers or _default_workers())
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
         list(executor.map(score, range(len(responses))))
     return results
