@@ -140,6 +140,7 @@ def _norm(s: str) -> str:
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _unicode(s).replace("^{\\circ}", "^\\circ").replace("\\degree", "^\\circ")
     s = s.replace("\\text{degrees}", "^\\circ").replace("\\text{degree}", "^\\circ")
+    s = s.replace("\\text{percent}", "\\%").replace("\\mathrm{i}", "i").replace("\\text{i}", "i")
     return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
 
 
@@ -434,8 +435,9 @@ def _exact(s: str) -> _Value | None:
 
 _DEGREES_RE = re.compile(r"\^\\circ$")
 _PERCENT_RE = re.compile(r"\\?%$")
-_BASE_RE = re.compile(r"(?:\\text\{([0-9A-Z]+)\}|\(([0-9A-Z]+)\)|([0-9A-Z]+))_(?:\{(\d{1,2})\}|(\d))")
-_DIGITS_RE = re.compile(r"[0-9A-Z]+")
+_BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
+_DIGITS_RE = re.compile(r"[0-9A-Za-z]+")
+_UNIT_WORD_RE = re.compile(r"\\(?:text|mbox|mathrm)\{[a-zA-Z.]+\}(?:\^\{?[23]\}?)?$")  # 5\text{ cm}^2
 
 
 def _based(s: str) -> tuple[str, int] | None:
@@ -445,9 +447,16 @@ def _based(s: str) -> tuple[str, int] | None:
         return None
     digits = m.group(1) or m.group(2) or m.group(3)
     base = int(m.group(4) or m.group(5))
-    if not 2 <= base <= 36 or _in_base(digits, base) is None:
-        return None  # P_2 is a point, not a numeral
+    if not 2 <= base <= 36 or not _numeral(digits, base):
+        return None  # P_2 is a point, x_2 a variable, not numerals
     return digits, base
+
+
+def _numeral(digits: str, base: int) -> bool:
+    """Whether digits can be a numeral in base: valid digits, and lower case only beside a digit (a3, not a)."""
+    if _in_base(digits, base) is None:
+        return False
+    return digits.upper() == digits or len(digits) > 1 and any(c.isdigit() for c in digits)
 
 
 def _in_base(digits: str, base: int) -> int | None:
@@ -468,7 +477,7 @@ def _base_verdict(answer: str, truth: str) -> bool | None:
     want = _in_base(*t)
     if a is not None:
         return a[1] == t[1] and want is not None and _in_base(*a) == want
-    if _DIGITS_RE.fullmatch(answer) is None:
+    if _DIGITS_RE.fullmatch(answer) is None or not answer.isdigit() and not _numeral(answer, t[1]):
         return None
     return want is not None and _in_base(answer, t[1]) == want
 
@@ -598,15 +607,16 @@ def _verdict_one(a: str, t: str) -> bool | None:
         verdict = rule(a, t)
         if verdict is not None:
             return verdict
-    # MATH's convention: a number is right when the truth merely appends a degree or percent sign
-    au, tu = _DEGREES_RE.sub("", a), _DEGREES_RE.sub("", t)
+    # MATH's convention: a number is right when the truth merely appends a unit, degree or percent sign
+    aw, tw = _UNIT_WORD_RE.sub("", a), _UNIT_WORD_RE.sub("", t)
+    au, tu = _DEGREES_RE.sub("", aw), _DEGREES_RE.sub("", tw)
     ap, tp = _PERCENT_RE.sub("", au), _PERCENT_RE.sub("", tu)
     av, tv = _exact(ap), _exact(tp)
     if av is None or tv is None:
         return None
     verdict = _numeric_verdict(av, tv)
-    if (ap != au or tp != tu) and verdict is not True:
-        return None  # 0.5 may be meant for 50\%: what math_verify makes of it stands
+    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True:
+        return None  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
     return verdict
 
 
