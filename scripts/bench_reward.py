@@ -456,6 +456,17 @@ def available_cores() -> str:
     return f"{cpus} cores, {got:.2f} of them available to this run (load average {load})"
 
 
+def caller_side(module, items) -> str:
+    """CPU the cheap checks take in the caller per answer, and how many answers they leave to sympy."""
+    start = time.process_time()
+    left = 0
+    for response, truth in items:
+        prep = module._prepare(response, truth)
+        left += prep.answer is not None and module.fast_verdict(prep.answer.text, prep.truths) is None
+    per_answer = (time.process_time() - start) / len(items) * 1e6
+    return f"{'cheap checks in the caller':<34} {per_answer:9.0f} us CPU per answer   left to sympy {left}/{len(items)}"
+
+
 def step(args, versions: dict[str, Path]) -> None:
     """One GRPO step through each version of the reward, and through plain math_verify for agreement."""
     items = make_step(args.n, args.hostile_rate, args.seed)
@@ -467,6 +478,7 @@ def step(args, versions: dict[str, Path]) -> None:
             f"{name}: {len(items)} answers, {round(args.n * args.hostile_rate)} hostile, bound {args.timeout} s, "
             f"{workers} workers"
         )
+        print(f"  {caller_side(module, items)}")
         lines, scores = run_reward(module, items, args.timeout, workers, args.seed)
         for line in lines:
             print(f"  {line}")
