@@ -205,6 +205,8 @@ INTERVAL_RIGHT = both_ways(
         ("[-2,3)", "-2\\le x<3"),
         ("(1,\\infty)", "x>1"),
         ("(-\\infty,3]", "3\\geq x"),
+        ("\\{x \\mid -2<x<3\\}", "(-2,3)"),
+        ("\\{x : 3>x>-2\\}", "-2<x<3"),
     ]
 )
 INTERVAL_WRONG = both_ways(
@@ -214,6 +216,8 @@ INTERVAL_WRONG = both_ways(
         ("[1,\\infty)", "x>1"),
         ("(-\\infty,1)", "x>1"),  # the other side
         ("(2,3)", "-2<x<3"),  # sign
+        ("\\{x \\mid x>1\\}", "x<1"),
+        ("\\{x \\mid -2<x\\le 3\\}", "(-2,3)"),
     ]
 )
 CATEGORIES = {  # name: (judged right, judged wrong)

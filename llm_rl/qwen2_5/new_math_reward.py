@@ -489,6 +489,9 @@ _GREATER = {">": "<", "\\gt": "<", "\\ge": "\\le", "\\geq": "\\le", ">=": "\\le"
 _GREATER["\\geqslant"] = "\\le"
 
 
+_SET_BUILDER_RE = re.compile(r"\\\{(?:[a-zA-Z]|\\[a-z]+)(?:\\mid|\||:)(.+)\\\}")
+
+
 class _Chain(NamedTuple):
     terms: list[str]
     relations: list[str]  # "<" or "\\le", read left to right
@@ -499,6 +502,9 @@ def _chain(s: str) -> _Chain | None:
     """An inequality chain read with < and <= only (3>x>-2 is -2<x<3), None when s is not one."""
     if "arrow" in s:  # \leftarrow, \Longleftrightarrow: not a relation of order
         return None
+    builder = _SET_BUILDER_RE.fullmatch(s)  # \{x\mid -2<x<3\} is the inequality it holds to
+    if builder is not None:
+        s = builder.group(1)
     parts = _RELATION_RE.split(s)
     if len(parts) < 3 or any(not p for p in parts[::2]):
         return None
@@ -532,7 +538,8 @@ def _chain_verdict(answer: str, truth: str) -> bool | None:
         return _interval_verdict(answer, truth)  # -2<x<3 against (-2,3) or x\in(-2,3)
     if a.relations != t.relations:
         return False
-    return _all_verdict([_term_verdict(x, y) for x, y in zip(a.terms, t.terms, strict=True)])
+    verdict = _all_verdict([_term_verdict(x, y) for x, y in zip(a.terms, t.terms, strict=True)])
+    return _interval_verdict(answer, truth) if verdict is None else verdict  # x>1 against x<1
 
 
 def _all_verdict(verdicts: list[bool | None]) -> bool | None:
