@@ -258,9 +258,11 @@ def test_cli_scores_a_jsonl_file(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = _cli("score", str(path), "--json")
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert [json.loads(line)["score"] for line in lines[:3]] == [1.0, 0.0, 1.0]
-    assert lines[3].startswith("summary: items=3 ") and "correct=2/3" in lines[3]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]  # JSON Lines to the last line
+    assert [line["score"] for line in lines[:3]] == [1.0, 0.0, 1.0]
+    assert len(lines) == 4 and lines[3]["summary"]["items"] == 3 and lines[3]["summary"]["correct"] == 2
+    plain = _cli("score", str(path))
+    assert plain.stdout.splitlines()[-1].startswith("summary: items=3 ") and "correct=2/3" in plain.stdout
 
 
 @pytest.mark.parametrize(("content", "message"), [(None, "No such file"), ("{not json\n", "not JSON")])
@@ -273,5 +275,40 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, content, message):
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_cli_usage_error_exits_2():
-    assert _cli("score").returncode == 2
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("score",),
+        ("score", "x.jsonl", "--timeout", "0"),
+        ("score", "x.jsonl", "--timeout", "nan"),
+        ("bogus",),
+    ],
+)
+def test_cli_usage_error_is_one_line_with_status_2(args):
+    done = _cli(*args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")
+
+
+def test_cli_closed_stdin_is_one_line_error():
+    done = subprocess.run(
+        f"exec {sys.executable!s} {str(REWARD_PATH)!s} score - <&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: standard input is closed; pass a file name or pipe the JSONL in"
+    ]
+
+
+def test_cli_reads_stdin_and_rejects_non_utf8(tmp_path):
+    done = _cli("score", "-", "--json", stdin=json.dumps({"response": make(), "answer": "1"}) + "\n")
+    assert [json.loads(line) for line in done.stdout.splitlines()][0]["score"] == 1.0
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"response": "\xe9"}\n')
+    bad = _cli("score", str(path))
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "not UTF-8" in bad.stderr

@@ -9,9 +9,15 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
   each), plus 0.1 / 0.05 for numbered steps with reasoning keywords inside ``<think>``.
-* math_verify runs in a small pool of worker processes, never in the caller: each answer gets a hard wall
-  time bound (default 1 s) from any thread, and a worker that overruns is killed and replaced, so the
-  stuck computation really stops.  Cheap checks in the caller decide most answers without sympy.
+* math_verify runs in helper processes, never in the caller, from any thread: each answer gets a hard bound
+  (default 1 s) on the CPU time math_verify spends on it, and a worker that overruns is killed, so the
+  stuck computation really stops.  Waiting for a worker, helpers that die and other answers' load never
+  cost an answer its score; no helper outlives the caller.  Cheap checks in the caller decide most
+  answers without sympy, by exact rationals where the values are rational: repeating decimals
+  (``0.1\\overline{6}`` = 1/6), complex numbers (``\\frac{3+4i}{5}`` = 0.6+0.8i), inequalities either way
+  round and as intervals (``3>x>-2`` = ``(-2,3)``), numerals with a base (``1011_3`` is not ``1011_2``),
+  degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
+  must agree in value.
 
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
 """
@@ -20,11 +26,15 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
+import itertools
 import json
 import math
 import os
 import re
 import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,9 +52,17 @@ MAX_SCAN_CHARS = 20_000  # where the final \boxed{} is looked for (tail of the r
 MAX_THINK_CHARS = 200_000
 MAX_POW_EXPONENT = 1e6  # a numeric power with a bigger exponent is too large to verify in time
 MAX_FACTORIAL = 10_000
-WORKER_STARTUP_TIMEOUT_S = 60.0
-WORKER_CPU_BACKSTOP_S = 30  # an orphaned worker stuck in C code is killed by the kernel after this
 WORKER_MEMORY_LIMIT = 4 << 30
+ZYGOTE_STARTUP_TIMEOUT_S = 60.0  # a zygote that has not imported math_verify by then is replaced
+FAST_SLICE_S = 0.1  # CPU an answer uses before it can be made to wait for answers that have had less
+QUANTUM_S = 0.05  # after that, it yields its place to one that has had this much less CPU
+BATCH_THREADS_PER_WORKER = 4
+MAX_LIVE_WORKERS = 64  # running and waiting workers at most (per pool: at least 8 per running place)
+WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
+MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
+PARENT_POLL_S = 0.1  # how often the zygote checks that the caller is still alive
+POLL_MAX_S = 0.05
+POLL_MIN_S = 0.01
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 FORMAT_TAGS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
@@ -69,10 +87,6 @@ _OR_RE = re.compile(r"\bor\b", re.IGNORECASE)
 _SPACING_RE = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\s+")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
-_INT_RE = re.compile(r"[+-]?\d+")
-_DEC_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
-_FRAC_RE = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{(\d+)\}")
-_SLASH_RE = re.compile(r"([+-]?\d+)/(\d+)")
 _NUM_TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d+)?|\\cdot|\\times|[-+*/^(){}])")
 
 
@@ -124,17 +138,49 @@ def _norm(s: str) -> str:
     s = _SPACING_RE.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _unicode(s).replace("^{\\circ}", "^\\circ").replace("\\degree", "^\\circ")
+    s = s.replace("\\text{degrees}", "^\\circ").replace("\\text{degree}", "^\\circ")
+    s = s.replace("\\text{percent}", "\\%").replace("\\mathrm{i}", "i").replace("\\text{i}", "i")
     return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
+
+
+_UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
+_UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
+_UNICODE_RE = re.compile("|".join(_UNICODE))
+
+
+def _unicode(s: str) -> str:
+    """The LaTeX for the Unicode signs models write: 36°, −2, 3×4, π, ≤."""
+    return _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s) if not s.isascii() else s
 
 
 class _Answer(NamedTuple):
     text: str | None  # the candidate answer; None when there is none
     boxed: bool  # came from \boxed{} (math_verify gets it wrapped again)
     ambiguous: bool  # offers several different values
+    others: tuple[str, ...] = ()  # other boxes only sympy can compare with this one: all must equal it
 
 
-def _agree(text: str, spans: list[tuple[int, int]]) -> bool:
-    return len({_norm(text[a:b]) for a, b in spans}) <= 1
+MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
+
+
+def _agree(text: str, spans: list[tuple[int, int]]) -> tuple[bool, tuple[str, ...]]:
+    """(agree, others): boxes are one answer when equal in value; others are left for sympy to compare."""
+    last = _norm(text[spans[-1][0] : spans[-1][1]])
+    spellings = {_norm(text[a:b]) for a, b in spans[:-1]} - {last}
+    if len(spellings) > MAX_BOX_SPELLINGS:
+        return False, ()
+    others = []
+    for box in sorted(spellings):
+        verdict = fast_verdict(box, (last,))
+        if verdict is not True:  # either may be read as the truth: 1011 and 1011_2 agree both ways
+            other_way = fast_verdict(last, (box,))
+            verdict = True if other_way else verdict if other_way is False else None
+        if verdict is False or verdict is None and (is_hostile(box) or is_hostile(last)):
+            return False, ()
+        if verdict is None:
+            others.append(box)
+    return True, tuple(others)
 
 
 def extract_answer(response: str) -> _Answer:
@@ -149,7 +195,8 @@ def extract_answer(response: str) -> _Answer:
         spans = _boxed_spans(block)
         if spans:
             a, b = spans[-1]
-            return _Answer(block[a:b], True, not _agree(block, spans))
+            agree, others = _agree(block, spans)
+            return _Answer(block[a:b], True, not agree, others)
         plain = _strip_math(block)
         return _Answer(plain or None, False, bool(_OR_RE.search(plain)))
     t_close = response.rfind(THINK_CLOSE)
@@ -162,7 +209,8 @@ def extract_answer(response: str) -> _Answer:
     if t_close < 0:  # no reasoning marker: only values boxed on the final line compete
         line_start = region.rfind("\n", 0, a) + 1
         spans = [s for s in spans if s[0] >= line_start]
-    return _Answer(region[a:b], True, not _agree(region, spans))
+    agree, others = _agree(region, spans)
+    return _Answer(region[a:b], True, not agree, others)
 
 
 # ---------------------------------------------------------------- format and chain of thought
@@ -213,44 +261,394 @@ def cot_milli(response: str) -> int:
 # ---------------------------------------------------------------- cheap verdicts and hostile input
 
 
-def _number(s: str) -> tuple[Fraction, bool] | None:
-    """(value, exact) for a plain integer, decimal or fraction, else None."""
+class _Value(NamedTuple):
+    re: Fraction
+    im: Fraction
+    exact: bool  # no finite decimal in it (math_verify compares decimals after rounding)
+
+
+_PERIODS = (  # how the repeating digits of a decimal are marked: 0.1\overline{6}, 0.1\bar{6}, 0.1\dot{6}, 0.1(6)
+    r"\\(?:overline|bar)\{(\d+)\}",
+    r"\\(?:overline|bar)(\d)",
+    r"\\dot\{(\d)\}(\d*)\\dot\{(\d)\}",
+    r"\\dot\{(\d)\}",
+    r"\((\d+)\)",
+)
+_REPEATING_RE = re.compile(r"(\d*)\.(\d*)(?:" + "|".join(_PERIODS) + ")")
+_EXACT_TOKEN_RE = re.compile(r"(\d+\.\d+|\d+|\.\d+)|(\\frac|\\cdot|\\times|\\div|[-+*/^(){}i])")
+_MAX_EXACT_POWER = 64
+MAX_EXACT_BITS = 4096
+
+
+def _repeating(m: re.Match) -> Fraction:
+    """The rational a repeating decimal such as 0.1\\overline{6} stands for."""
+    whole, fixed = m.group(1) or "0", m.group(2)
+    if m.group(5) is not None:  # \dot{x}...\dot{y}: the period runs from x to y
+        period = m.group(5) + m.group(6) + m.group(7)
+    else:
+        period = m.group(3) or m.group(4) or m.group(8) or m.group(9)
+    scale = 10 ** len(fixed)
+    return (
+        int(whole)
+        + Fraction(int(fixed or "0"), scale)
+        + Fraction(int(period), scale * (10 ** len(period) - 1))
+    )
+
+
+class _Exact:
+    """Exact value of arithmetic on rationals and i (numbers, repeating decimals, \\frac, + - * / ^, brackets)."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            m = _REPEATING_RE.match(text, pos)
+            if m is not None:
+                self.tokens.append(("num", m.group()))
+                pos = m.end()
+                continue
+            m = _EXACT_TOKEN_RE.match(text, pos)
+            if m is None:
+                raise ValueError("not exact arithmetic")
+            self.tokens.append(("num", m.group(1)) if m.group(1) else ("op", m.group(2)))
+            pos = m.end()
+        self.i = 0
+        self.exact = True
+
+    def value(self) -> _Value:
+        re_, im = self._sum()
+        if self.i != len(self.tokens):
+            raise ValueError("trailing tokens")
+        return _Value(re_, im, self.exact)
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.i][1] if self.i < len(self.tokens) else None
+
+    def _take(self, expected: str) -> None:
+        if self._peek() != expected:
+            raise ValueError(f"expected {expected}")
+        self.i += 1
+
+    def _sum(self) -> tuple[Fraction, Fraction]:
+        a, b = self._product()
+        while self._peek() in ("+", "-"):
+            sign = 1 if self.tokens[self.i][1] == "+" else -1
+            self.i += 1
+            c, d = self._product()
+            a, b = a + sign * c, b + sign * d
+        return a, b
+
+    def _product(self) -> tuple[Fraction, Fraction]:
+        value = self._unary()
+        while True:
+            tok = self._peek()
+            if tok in ("*", "\\cdot", "\\times", "/", "\\div"):
+                self.i += 1
+                rhs = self._unary()
+                value = _cdiv(value, rhs) if tok in ("/", "\\div") else _cmul(value, rhs)
+            elif tok in ("i", "(", "{", "\\frac") or (tok is not None and self.tokens[self.i][0] == "num"):
+                if tok == "\\frac" and self.tokens[self.i - 1][0] == "num":
+                    raise ValueError("1\\frac{1}{2} may be a mixed number: math_verify decides")
+                value = _cmul(value, self._power())  # juxtaposition: 4i, 2(3+i), \frac{1}{2}i
+            else:
+                return value
+
+    def _unary(self) -> tuple[Fraction, Fraction]:
+        if self._peek() in ("-", "+"):
+            sign = -1 if self.tokens[self.i][1] == "-" else 1
+            self.i += 1
+            a, b = self._unary()
+            return sign * a, sign * b
+        return self._power()
+
+    def _power(self) -> tuple[Fraction, Fraction]:
+        base = self._atom()
+        if self._peek() != "^":
+            return base
+        self.i += 1
+        exp_re, exp_im = self._atom() if self._peek() != "-" else self._unary()
+        if exp_im or exp_re.denominator != 1 or abs(exp_re) > _MAX_EXACT_POWER:
+            raise ValueError("not an exact power")
+        result = (Fraction(1), Fraction(0))
+        for _ in range(abs(int(exp_re))):
+            result = _cmul(result, base)
+        return _cdiv((Fraction(1), Fraction(0)), result) if exp_re < 0 else result
+
+    def _atom(self) -> tuple[Fraction, Fraction]:
+        if self.i >= len(self.tokens):
+            raise ValueError("missing operand")
+        kind, tok = self.tokens[self.i]
+        self.i += 1
+        if kind == "num":
+            m = _REPEATING_RE.fullmatch(tok)
+            if m is not None:
+                return _repeating(m), Fraction(0)
+            if "." in tok:
+                self.exact = False
+            return Fraction(tok), Fraction(0)
+        if tok == "i":
+            return Fraction(0), Fraction(1)
+        if tok in ("(", "{"):
+            value = self._sum()
+            self._take(")" if tok == "(" else "}")
+            return value
+        if tok == "\\frac":
+            self._take("{")
+            num = self._sum()
+            self._take("}")
+            self._take("{")
+            den = self._sum()
+            self._take("}")
+            return _cdiv(num, den)
+        raise ValueError(f"unexpected {tok}")
+
+
+def _small(x: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    """x, unless a part has grown past MAX_EXACT_BITS (2^{64^{64}} is not evaluated here)."""
+    for part in x:
+        if part.numerator.bit_length() > MAX_EXACT_BITS or part.denominator.bit_length() > MAX_EXACT_BITS:
+            raise ValueError("too large to evaluate exactly")
+    return x
+
+
+def _cmul(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    return _small((x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]))
+
+
+def _cdiv(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    norm = y[0] * y[0] + y[1] * y[1]
+    if not norm:
+        raise ValueError("division by zero")
+    return _small(((x[0] * y[0] + x[1] * y[1]) / norm, (x[1] * y[0] - x[0] * y[1]) / norm))
+
+
+def _exact(s: str) -> _Value | None:
+    """The exact value of a normalised answer that is plain arithmetic on rationals and i, else None."""
     s = s.replace("{,}", "")
-    if len(s) > 40:
+    if not s or len(s) > 200 or not any(c.isdigit() for c in s) and "i" not in s:
         return None
-    if _INT_RE.fullmatch(s):
-        return Fraction(int(s)), True
-    if _DEC_RE.fullmatch(s):
-        return Fraction(s), False
-    m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
+    try:
+        return _Exact(s).value()
+    except (ValueError, ZeroDivisionError, RecursionError, OverflowError):
+        return None
+
+
+_DEGREES_RE = re.compile(r"\^\\circ$")
+_PERCENT_RE = re.compile(r"\\?%$")
+_BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
+_DIGITS_RE = re.compile(r"[0-9A-Za-z]+")
+_UNIT_WORD_RE = re.compile(r"\\(?:text|mbox|mathrm)\{[a-zA-Z.]+\}(?:\^\{?[23]\}?)?$")  # 5\text{ cm}^2
+
+
+def _based(s: str) -> tuple[str, int] | None:
+    """(digits, base) for a numeral with a subscript base such as 1011_2 or \\text{A3}_{16}."""
+    m = _BASE_RE.fullmatch(s)
     if m is None:
         return None
-    groups = m.groups()
-    sign = -1 if len(groups) == 3 and groups[0] == "-" else 1
-    num, den = int(groups[-2]), int(groups[-1])
-    return (Fraction(sign * num, den), True) if den else None
+    digits = m.group(1) or m.group(2) or m.group(3)
+    base = int(m.group(4) or m.group(5))
+    if not 2 <= base <= 36 or not _numeral(digits, base):
+        return None  # P_2 is a point, x_2 a variable, not numerals
+    return digits, base
+
+
+def _numeral(digits: str, base: int) -> bool:
+    """Whether digits can be a numeral in base: valid digits, and lower case only beside a digit (a3, not a)."""
+    if _in_base(digits, base) is None:
+        return False
+    return digits.upper() == digits or len(digits) > 1 and any(c.isdigit() for c in digits)
+
+
+def _in_base(digits: str, base: int) -> int | None:
+    try:
+        return int(digits, base)
+    except ValueError:
+        return None
+
+
+def _base_verdict(answer: str, truth: str) -> bool | None:
+    """A subscript base is part of the value: right only in the truth's base, with the truth's value."""
+    t, a = _based(truth), _based(answer)
+    if t is None and a is None:
+        return None
+    if t is None:  # the truth is in base 10: the answer must be too
+        value = _exact(truth)
+        return a[1] == 10 and value is not None and not value.im and value.re == _in_base(a[0], 10)
+    want = _in_base(*t)
+    if a is not None:
+        return a[1] == t[1] and want is not None and _in_base(*a) == want
+    if _DIGITS_RE.fullmatch(answer) is None or not answer.isdigit() and not _numeral(answer, t[1]):
+        return None
+    return want is not None and _in_base(answer, t[1]) == want
+
+
+_RELATION_RE = re.compile(r"(\\(?:leqslant|geqslant|leq|geq|le|ge|lt|gt)|<=|>=|≤|≥|<|>)")  # 3\geq x: "3\geqx"
+_LESS = {"<": "<", "\\lt": "<", "\\le": "\\le", "\\leq": "\\le", "<=": "\\le", "≤": "\\le"}
+_LESS["\\leqslant"] = "\\le"
+_GREATER = {">": "<", "\\gt": "<", "\\ge": "\\le", "\\geq": "\\le", ">=": "\\le", "≥": "\\le"}
+_GREATER["\\geqslant"] = "\\le"
+
+
+_SET_BUILDER_RE = re.compile(r"\\\{(?:[a-zA-Z]|\\[a-z]+)(?:\\mid|\||:)(.+)\\\}")
+
+
+class _Chain(NamedTuple):
+    terms: list[str]
+    relations: list[str]  # "<" or "\\le", read left to right
+    turned: bool  # written with > / >= and turned round
+
+
+def _chain(s: str) -> _Chain | None:
+    """An inequality chain read with < and <= only (3>x>-2 is -2<x<3), None when s is not one."""
+    if "arrow" in s:  # \leftarrow, \Longleftrightarrow: not a relation of order
+        return None
+    builder = _SET_BUILDER_RE.fullmatch(s)  # \{x\mid -2<x<3\} is the inequality it holds to
+    if builder is not None:
+        s = builder.group(1)
+    parts = _RELATION_RE.split(s)
+    if len(parts) < 3 or any(not p for p in parts[::2]):
+        return None
+    terms, relations = parts[::2], parts[1::2]
+    if all(r in _LESS for r in relations):
+        return _Chain(terms, [_LESS[r] for r in relations], False)
+    if all(r in _GREATER for r in relations):
+        return _Chain(terms[::-1], [_GREATER[r] for r in relations[::-1]], True)
+    return None
+
+
+def _chain_text(chain: _Chain) -> str:
+    return chain.terms[0] + "".join(r + t for r, t in zip(chain.relations, chain.terms[1:], strict=True))
+
+
+def _term_verdict(a: str, t: str) -> bool | None:
+    if a == t:
+        return True
+    av, tv = _exact(a), _exact(t)
+    if av is None or tv is None:
+        return None
+    return (av.re, av.im) == (tv.re, tv.im) or (None if not (av.exact and tv.exact) else False)
+
+
+def _chain_verdict(answer: str, truth: str) -> bool | None:
+    """Inequalities compared term by term in one direction (3>x>-2 is -2<x<3), or as intervals."""
+    a, t = _chain(answer), _chain(truth)
+    if a is None and t is None:
+        return None
+    if a is None or t is None or len(a.terms) != len(t.terms):
+        return _interval_verdict(answer, truth)  # -2<x<3 against (-2,3) or x\in(-2,3)
+    if a.relations != t.relations:
+        return False
+    verdict = _all_verdict([_term_verdict(x, y) for x, y in zip(a.terms, t.terms, strict=True)])
+    return _interval_verdict(answer, truth) if verdict is None else verdict  # x>1 against x<1
+
+
+def _all_verdict(verdicts: list[bool | None]) -> bool | None:
+    if False in verdicts:
+        return False
+    return True if all(verdicts) else None
+
+
+_VARIABLE_RE = re.compile(r"[a-zA-Z]|\\[a-z]+")
+_INTERVAL_RE = re.compile(r"(?:(?:[a-zA-Z]|\\[a-z]+)\\in)?([(\[])([^,()\[\]]+),([^,()\[\]]+)([)\]])")
+_INFINITY = {"\\infty": 1, "+\\infty": 1, "-\\infty": -1}
+
+
+class _Interval(NamedTuple):
+    low: str
+    low_closed: bool
+    high: str
+    high_closed: bool
+    variable: str | None  # the letter of an inequality; None for interval notation
+
+
+def _interval(s: str) -> _Interval | None:
+    """The interval an inequality in one variable or an interval (a,b], x\\in[a,b) stands for."""
+    chain = _chain(s)
+    if chain is not None:
+        terms, closed = chain.terms, [r == "\\le" for r in chain.relations]
+        if len(terms) == 3 and _VARIABLE_RE.fullmatch(terms[1]):
+            return _Interval(terms[0], closed[0], terms[2], closed[1], terms[1])
+        if len(terms) == 2 and _VARIABLE_RE.fullmatch(terms[0]):
+            return _Interval("-\\infty", False, terms[1], closed[0], terms[0])
+        if len(terms) == 2 and _VARIABLE_RE.fullmatch(terms[1]):
+            return _Interval(terms[0], closed[0], "\\infty", False, terms[1])
+        return None
+    m = _INTERVAL_RE.fullmatch(s)
+    if m is None:
+        return None
+    return _Interval(m.group(2), m.group(1) == "[", m.group(3), m.group(4) == "]", None)
+
+
+def _endpoint_verdict(a: str, t: str) -> bool | None:
+    if a in _INFINITY or t in _INFINITY:
+        return _INFINITY.get(a) == _INFINITY.get(t)
+    return _term_verdict(a, t)
+
+
+def _interval_verdict(answer: str, truth: str) -> bool | None:
+    a, t = _interval(answer), _interval(truth)
+    if a is None or t is None or a.variable is None and t.variable is None:
+        return None  # (1,2) against (1,2] is left as it was: it may be a point
+    if a.variable and t.variable and a.variable != t.variable:
+        return None
+    closed = (a.low_closed, a.high_closed) == (t.low_closed, t.high_closed)
+    ends = _all_verdict([_endpoint_verdict(a.low, t.low), _endpoint_verdict(a.high, t.high)])
+    return ends if ends is not True or closed else False
+
+
+def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
+    if (a.re, a.im) == (t.re, t.im):
+        return True
+    # math_verify compares decimals after rounding; only a clear gap is decided here
+    gap = max(abs(a.re - t.re), abs(a.im - t.im))
+    if not (a.exact and t.exact) and gap <= Fraction(1, 10_000) * max(1, abs(t.re), abs(t.im)):
+        return None
+    return False
+
+
+def _verdict_one(a: str, t: str) -> bool | None:
+    """True/False when the answer and one truth are decided without sympy, None when sympy must."""
+    if a == t:
+        return True
+    for rule in (_base_verdict, _chain_verdict):
+        verdict = rule(a, t)
+        if verdict is not None:
+            return verdict
+    # MATH's convention: a number is right when the truth merely appends a unit, degree or percent sign
+    aw, tw = _UNIT_WORD_RE.sub("", a), _UNIT_WORD_RE.sub("", t)
+    au, tu = _DEGREES_RE.sub("", aw), _DEGREES_RE.sub("", tw)
+    ap, tp = _PERCENT_RE.sub("", au), _PERCENT_RE.sub("", tu)
+    av, tv = _exact(ap), _exact(tp)
+    if av is None or tv is None:
+        return None
+    verdict = _numeric_verdict(av, tv)
+    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True:
+        return None  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
+    return verdict
 
 
 def fast_verdict(answer: str, truths: tuple[str, ...]) -> bool | None:
     """True/False when spelling or exact arithmetic decides, None when sympy must."""
     a = _norm(answer)
-    normed = [_norm(t) for t in truths]
-    if a and a in normed:
-        return True
-    av = _number(a)
-    if av is None:
+    if not a:
         return None
-    undecided = False
-    for t in normed:
-        tv = _number(t)
-        if tv is None:
-            return None
-        if av[0] == tv[0]:
-            return True
-        # math_verify compares decimals after rounding; only a clear gap is decided here
-        if not (av[1] and tv[1]) and abs(av[0] - tv[0]) <= Fraction(1, 10_000) * max(1, abs(tv[0])):
-            undecided = True
-    return None if undecided else False
+    verdicts = [_verdict_one(a, _norm(t)) for t in truths]
+    if True in verdicts:
+        return True
+    return False if verdicts and all(v is False for v in verdicts) else None
+
+
+def _for_sympy(s: str) -> str:
+    """A spelling math_verify reads as meant: degree signs, repeating decimals as fractions, chains with <."""
+    s = _unicode(s)
+
+    def fraction(m: re.Match) -> str:
+        value = _repeating(m)
+        return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+    s = _REPEATING_RE.sub(fraction, s)
+    chain = _chain(_norm(s))
+    return _chain_text(chain) if chain is not None and chain.turned else s
 
 
 class _Numeric:
@@ -370,161 +768,514 @@ def is_hostile(answer: str) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- math_verify worker processes
+# ---------------------------------------------------------------- math_verify helper processes
+#
+# Terms.  The *zygote* is one helper process per caller process: it imports math_verify once, warms it up
+# and forks a *worker* on request, so a new or replacement worker is ready in milliseconds instead of the
+# import's second.  A worker verifies one answer at a time in its main thread.  An answer's *verification
+# time* is the CPU time its worker spends on it: the wait for a worker, a replacement's start and other
+# answers' load are not counted, and an answer whose worker dies of something else is retried on another.
+# At most `size` workers run at once.  The places go to the answers that have had the least CPU: a new
+# answer waits only for those that have run less than FAST_SLICE_S, and an answer past that yields its place
+# to one that has had QUANTUM_S less (its worker stopped with SIGSTOP, which stops its CPU clock as well),
+# so ordinary answers are never held up by hostile ones, and hostile ones share what is left.  No helper outlives the caller: the zygote leads
+# its own process group, watches its parent and kills the group once the parent is gone; a worker dies with
+# the zygote (PR_SET_PDEATHSIG).  Linux only (SOCK_SEQPACKET, SCM_RIGHTS, /proc); elsewhere CPU time is
+# approximated by wall time.
 
 
-def _serve() -> None:
-    """Worker process main loop: one JSON request per line on stdin, one JSON reply per line."""
-    out = os.dup(1)
-    os.dup2(2, 1)  # nothing a library prints may corrupt the reply channel
+def _die_with_parent(libc: Any) -> None:
+    try:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: this process dies with its parent
+    except AttributeError:
+        pass
+
+
+def _readable(sock: socket.socket, wait: float) -> bool:
+    """True when sock has a message (or its peer is gone) within `wait` seconds; poll, as fds may exceed 1024."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(0, math.ceil(wait * 1000))))
+
+
+def _watch_parent(parent: int) -> None:
+    """Zygote thread: once the caller is gone, kill the zygote and every worker (one process group)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(1)
+
+
+def _serve_answers(sock: socket.socket) -> None:
+    """Worker main loop: one JSON request per message, one JSON reply per message."""
     try:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, resource.RLIM_INFINITY))
     except (ImportError, ValueError, OSError):
-        resource = None
-    warnings.simplefilter("ignore")
-    try:
-        from math_verify import parse, verify
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which degrades
-        os.write(out, (json.dumps({"ready": False, "error": repr(exc)}) + "\n").encode())
-        return
+        pass
     from functools import lru_cache
 
+    from math_verify import parse, verify
+
     parse_cached = lru_cache(maxsize=4096)(parse)
-    os.write(out, b'{"ready": true}\n')
-    for line in sys.stdin.buffer:
+    while True:
+        message = sock.recv(1 << 20)
+        if not message:
+            return
         try:
-            req = json.loads(line)
-            if resource is not None:
-                usage = resource.getrusage(resource.RUSAGE_SELF)
-                soft = int(usage.ru_utime + usage.ru_stime) + WORKER_CPU_BACKSTOP_S
-                resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+            req = json.loads(message)
             answer = req["answer"]
             pred = parse_cached("\\boxed{" + answer + "}" if req["boxed"] else answer)
-            equal = any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in req["truths"])
+            truths = req["truths"]  # None: the answer is known right, only the other boxes are in doubt
+            equal = truths is None or any(verify(parse_cached("\\boxed{" + t + "}"), pred) for t in truths)
+            # every other box must hold the same value as the answer
+            equal = equal and all(
+                verify(pred, parse_cached("\\boxed{" + o + "}")) for o in req.get("others", ())
+            )
             reply = {"equal": bool(equal)}
         except Exception as exc:  # noqa: BLE001 - a bad answer is a wrong answer, never a crash
             reply = {"equal": False, "error": repr(exc)[:200]}
-        os.write(out, (json.dumps(reply) + "\n").encode())
+        reply["cpu"] = time.process_time()
+        sock.send(json.dumps(reply).encode())
+
+
+_WARM_UP = (  # (truth, answer) pairs that take math_verify's parser and sympy through their common paths
+    ("x^2+7x+10", "(x+2)(x+5)"),
+    ("\\frac{\\sqrt{8}}{2}", "\\sqrt{2}"),
+    ("(3,-1)", "(3, -1)"),
+    ("\\frac{3\\pi}{4}", "3\\pi/4"),
+    ("[0,1)", "x \\in [0, 1)"),
+    ("\\text{(B)}", "B"),
+    ("2^{10}", "1024"),
+    ("x=2", "2"),
+)
+
+
+def _serve(control_fd: int, caller: int) -> None:
+    """Zygote main loop: import math_verify, then fork a worker for each request on the control socket."""
+    control = socket.socket(fileno=control_fd)
+    threading.Thread(target=_watch_parent, args=(caller,), daemon=True).start()
+    warnings.simplefilter("ignore")  # also Python 3.12's note on forking with the (lock-free) watcher running
+    try:
+        import ctypes
+        import logging
+
+        logging.disable(logging.WARNING)  # latex2sympy2_extended logs a deprecation on every parse
+        libc = ctypes.CDLL(None)
+        from math_verify import parse, verify
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which says so once
+        fatal = isinstance(exc, ImportError | SyntaxError)
+        control.send(json.dumps({"ready": False, "fatal": fatal, "error": repr(exc)[:300]}).encode())
+        return
+    # math_verify's own limits are SIGALRM wall-clock timers: under load they would fail a correct answer
+    # for another's CPU use.  The caller bounds each answer's CPU time instead.
+    signal.alarm = lambda seconds: 0
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    gc.freeze()  # objects made so far stay untouched by workers' collections: their pages stay shared
+    control.send(b'{"ready": true}')
+    forked = warm = False
+    while True:
+        message = control.recv(64)
+        if not message:
+            return  # the caller closed the pool
+        if forked and not warm:
+            # the first worker serves the first call at once, cold; the warm-up waits until that call is
+            # done ("warm") or another worker is wanted, so that the two do not share the CPU
+            for truth, answer in _WARM_UP:
+                try:
+                    verify(parse("\\boxed{" + truth + "}"), parse("\\boxed{" + answer + "}"))
+                except Exception:  # noqa: BLE001, S110 - warming up is best effort
+                    pass
+            gc.freeze()
+            warm = True
+        if message == b"fork":
+            _fork_worker(control, libc, warm)
+            forked = True
+
+
+def _fork_worker(control: socket.socket, libc: Any, warm: bool) -> None:
+    """Zygote: fork one worker and hand the caller its socket (and pidfd) over the control socket."""
+    zygote = os.getpid()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            mine.close()
+            _die_with_parent(libc)
+            if os.getppid() == zygote:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _serve_answers(theirs)
+        finally:
+            os._exit(0)
+    theirs.close()
+    fds = [mine.fileno()]
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(pid)
+            fds.append(pidfd)
+        except OSError:
+            pass
+    socket.send_fds(control, [json.dumps({"pid": pid, "warm": warm}).encode()], fds)
+    mine.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 class _WorkerDied(Exception):
-    pass
+    """A helper process exited or stopped answering for a reason that is not the answer's."""
+
+
+class _Unavailable(Exception):
+    """math_verify cannot run in this Python (not installed, does not import)."""
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Worker:
-    """One math_verify process; used by one thread at a time."""
+    """One forked math_verify process; used by one thread at a time."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), _SERVE_FLAG],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
-        self.ready = False
-        self.buf = b""
+    def __init__(self, pid: int, sock: socket.socket, pidfd: int | None, warm: bool) -> None:
+        self.pid, self.sock, self.pidfd = pid, sock, pidfd
+        self.warm = warm  # forked after the zygote's warm-up: its first answer pays no parser set-up
+        self.cpu_base = 0.0  # the worker's CPU time when its current request began
 
-    def _readline(self, deadline: float) -> bytes | None:
-        fd = self.proc.stdout.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while b"\n" not in self.buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(max(1, math.ceil(remaining * 1000))):
+    def fresh(self) -> bool:
+        """True while the idle worker is alive: an idle worker's socket has nothing to say until it dies."""
+        try:
+            return not _readable(self.sock, 0)
+        except (OSError, ValueError):
+            return False
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendmsg([data], [], socket.MSG_NOSIGNAL)
+        except OSError as exc:
+            raise _WorkerDied(f"worker gone ({exc})") from exc
+
+    def reply(self, wait: float) -> dict | None:
+        """The worker's reply, None when there is none within `wait` seconds."""
+        try:
+            if not _readable(self.sock, wait):
                 return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _WorkerDied("worker exited")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
+            message = self.sock.recv(1 << 16)
+        except OSError as exc:
+            raise _WorkerDied(f"worker gone ({exc})") from exc
+        if not message:
+            raise _WorkerDied("worker exited")
+        reply = json.loads(message)
+        self.cpu_base = float(reply.get("cpu", self.cpu_base))
+        return reply
 
-    def start(self) -> None:
-        """Wait for the worker's import of math_verify; raise _WorkerDied when it cannot start."""
-        if self.ready:
-            return
-        line = self._readline(time.monotonic() + WORKER_STARTUP_TIMEOUT_S)
-        status = json.loads(line) if line else {}
-        if not status.get("ready"):
-            raise _WorkerDied(status.get("error", "math_verify worker did not start"))
-        self.ready = True
+    def cpu_used(self) -> float | None:
+        now = _cpu_seconds(self.pid)
+        return None if now is None else max(0.0, now - self.cpu_base)
 
-    def ask(self, request: dict, timeout: float) -> dict | None:
-        """The worker's reply, or None when it overran the timeout."""
-        data = (json.dumps(request) + "\n").encode()
-        fd = self.proc.stdin.fileno()
-        while data:
-            data = data[os.write(fd, data) :]
-        line = self._readline(time.monotonic() + timeout)
-        return None if line is None else json.loads(line)
+    def signal(self, signum: int) -> None:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            else:
+                os.kill(self.pid, signum)
+        except OSError:
+            pass
 
     def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        """SIGKILL, and where a pidfd says when, return once the process is gone."""
+        self.signal(signal.SIGKILL)
+        if self.pidfd is not None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            poller.poll(1000)
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
             try:
-                stream.close()
+                os.close(self.pidfd)
             except OSError:
                 pass
+            self.pidfd = None
+
+
+class _Zygote:
+    """The caller's handle on the zygote process; fork() is serialised by its lock."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    _SERVE_FLAG,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # its own process group: the caller's Ctrl-C is the caller's to handle
+            )
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.lock = threading.Lock()
+        self.ready = False
+
+    def _message(self, deadline: float) -> tuple[dict, list[int]]:
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0 or not _readable(self.sock, remaining):
+                raise _WorkerDied("math_verify zygote did not answer in time")
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1024, 2)
+        except OSError as exc:
+            raise _WorkerDied(f"math_verify zygote gone ({exc})") from exc
+        if not data:
+            raise _WorkerDied("math_verify zygote exited")
+        return json.loads(data), fds
+
+    def fork(self) -> _Worker:
+        """A new worker; raises _Unavailable when math_verify cannot import, _WorkerDied when the zygote died."""
+        with self.lock:
+            deadline = time.monotonic() + ZYGOTE_STARTUP_TIMEOUT_S
+            gone = None
+            try:  # sent before the zygote is ready, so it forks before it starts warming up
+                self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
+            except OSError as exc:
+                gone = exc  # it may have said why before it exited: read that first
+            if not self.ready:
+                status, _ = self._message(deadline)
+                if not status.get("ready"):
+                    error = status.get("error", "no reason given")
+                    raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
+                self.ready = True
+            if gone is not None:
+                raise _WorkerDied(f"math_verify zygote gone ({gone})")
+            status, fds = self._message(deadline)
+        if not fds:
+            raise _WorkerDied("math_verify zygote sent no worker")
+        pidfd = fds[1] if len(fds) > 1 else None
+        return _Worker(status["pid"], socket.socket(fileno=fds[0]), pidfd, bool(status.get("warm")))
+
+    def nudge(self) -> None:
+        """Tell the zygote the cold first call is done, so it may warm up (skipped while a fork is asked)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self.sock.sendmsg([b"warm"], [], socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
+            finally:
+                self.lock.release()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:  # not reaped, so its process group id is still its own
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class _Pool:
-    """Worker processes shared by every thread of one process; created on first use."""
+    """The zygote and workers shared by every thread of one process; created on first use."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.slots = threading.BoundedSemaphore(size)
+        self.cond = threading.Condition()  # guards every field below
+        self.running = 0  # answers whose workers may run (at most size)
+        self.waiting: list[list] = []  # answers waiting for a running place, see _acquire
+        self.arrivals = itertools.count()
+        self.live = threading.BoundedSemaphore(max(MAX_LIVE_WORKERS, 8 * size))
         self.idle: list[_Worker] = []
-        self.broken: str | None = None
-        self.warned = False
-        self.idle.extend(_Worker() for _ in range(size))  # imports overlap
+        self.busy: set[_Worker] = set()
+        self.zygote: _Zygote | None = None
+        self.zygote_lock = threading.Lock()
+        self.fatal: str | None = None
+        self.closed = False
         atexit.register(self.close)
 
-    def _take(self) -> _Worker:
-        with self.lock:
-            return self.idle.pop() if self.idle else _Worker()
+    def _get_zygote(self) -> _Zygote:
+        with self.zygote_lock:
+            zygote = self.zygote
+            if zygote is None or zygote.proc.poll() is not None:
+                if zygote is not None:
+                    zygote.kill()
+                if self.closed:
+                    raise _WorkerDied("pool closed")
+                zygote = self.zygote = _Zygote()
+            return zygote
 
-    def _give(self, worker: _Worker) -> None:
-        with self.lock:
-            self.idle.append(worker)
+    def _take(self) -> _Worker:
+        with self.cond:
+            while self.idle:
+                worker = self.idle.pop()
+                if worker.fresh():
+                    self.busy.add(worker)
+                    return worker
+                worker.kill()  # died while idle: not this answer's concern
+        zygote = self._get_zygote()
+        try:
+            worker = zygote.fork()
+        except _WorkerDied:
+            with self.zygote_lock:
+                if self.zygote is zygote:
+                    zygote.kill()
+                    self.zygote = None
+            raise
+        except _Unavailable as exc:
+            self.fatal = str(exc)
+            raise
+        with self.cond:
+            self.busy.add(worker)
+        return worker
+
+    def _done(self, worker: _Worker, reusable: bool) -> None:
+        with self.cond:
+            self.busy.discard(worker)
+            if reusable and not self.closed:
+                self.idle.append(worker)
+                return
+        worker.kill()
+
+    def _acquire(self, attained: float) -> None:
+        """Wait for a running place; the waiter that has had the least CPU goes first."""
+        with self.cond:
+            if self.running < self.size and not self.waiting:
+                self.running += 1
+                return
+            entry = [attained, next(self.arrivals), False]  # [CPU so far, arrival, granted]
+            self.waiting.append(entry)
+            try:
+                while not entry[2]:
+                    self.cond.wait()
+            except BaseException:
+                if entry[2]:
+                    self._release_locked()
+                else:
+                    self.waiting.remove(entry)
+                raise
+
+    def _release_locked(self) -> None:
+        if self.waiting:
+            best = min(self.waiting)
+            self.waiting.remove(best)
+            best[2] = True  # the place passes straight to it
+            self.cond.notify_all()
+        else:
+            self.running -= 1
+
+    def _release(self) -> None:
+        with self.cond:
+            self._release_locked()
+
+    def _should_yield(self, attained: float) -> bool:
+        with self.cond:
+            return bool(self.waiting) and min(self.waiting)[0] + QUANTUM_S <= attained
+
+    def _attempt(self, data: bytes, budget: float) -> tuple[str, float]:
+        """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died', CPU seconds used)."""
+        with self.live:
+            self._acquire(0.0)
+            holding, worker, used, reusable = True, None, 0.0, False
+            try:
+                worker = self._take()
+                worker.send(data)
+                running = 0.0  # wall time the worker has been let run on this answer
+                while True:
+                    # CPU time grows no faster than wall time: sleep until the next check could be due
+                    due = FAST_SLICE_S if used < FAST_SLICE_S else used + QUANTUM_S
+                    start = time.monotonic()
+                    reply = worker.reply(min(POLL_MAX_S, max(POLL_MIN_S, min(due, budget) - used)))
+                    running += time.monotonic() - start
+                    if reply is not None:
+                        reusable = worker.warm  # a cold worker served the first call; warm ones replace it
+                        if not worker.warm and self.zygote is not None:
+                            self.zygote.nudge()
+                        return ("equal" if reply.get("equal") else "different"), used
+                    cpu = worker.cpu_used()
+                    used = running if cpu is None else cpu
+                    if used >= budget or running > WALL_BACKSTOP_FACTOR * budget:
+                        return ("timeout" if worker.warm else "cold"), used
+                    if used >= FAST_SLICE_S and self._should_yield(used):
+                        worker.signal(signal.SIGSTOP)  # its CPU clock stops too
+                        holding = False
+                        self._release()
+                        try:
+                            self._acquire(used)
+                            holding = True
+                        finally:
+                            worker.signal(signal.SIGCONT)
+            except _WorkerDied:
+                return "died", used
+            finally:
+                if worker is not None:
+                    self._done(worker, reusable)
+                if holding:
+                    self._release()
 
     def verify(self, request: dict, timeout: float) -> tuple[bool | None, bool]:
-        """(equal, timed_out); equal is None when no worker could run the request."""
-        with self.slots:
-            for _attempt in range(2):  # a worker that died while idle is replaced once
-                worker = self._take()
-                try:
-                    worker.start()
-                    reply = worker.ask(request, timeout)
-                except (_WorkerDied, OSError, ValueError) as exc:
-                    worker.kill()
-                    if not worker.ready:
-                        self.broken = str(exc)
-                        return None, False
-                    continue
-                if reply is None:  # overran: stop the work itself, start the replacement now
-                    worker.kill()
-                    self._give(_Worker())
-                    return False, True
-                self._give(worker)
-                return bool(reply.get("equal")), False
+        """(equal, timed_out); equal is None when math_verify could not be run on the answer."""
+        data = json.dumps(request).encode()
+        spent = 0.0
+        for _attempt in range(MAX_ATTEMPTS):
+            if self.fatal is not None:
+                return None, False
+            try:
+                outcome, used = self._attempt(data, timeout - spent)
+            except _Unavailable:
+                return None, False
+            if outcome == "timeout":
+                return False, True
+            if outcome == "cold":  # the bound went on the parser's set-up: try again on a warm worker
+                continue
+            if outcome != "died":
+                return outcome == "equal", False
+            spent += used  # the worker died of something else: retry with what is left of the bound
+            if spent >= timeout:
+                return False, True
         return None, False
 
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids by state (for tests and the benchmark)."""
+        with self.cond:
+            zygote = self.zygote
+            return {
+                "zygote": [zygote.proc.pid] if zygote is not None and zygote.proc.poll() is None else [],
+                "idle": [w.pid for w in self.idle],
+                "busy": [w.pid for w in self.busy],
+            }
+
     def close(self) -> None:
-        if os.getpid() != self.pid:  # a forked child inherits this atexit hook; the workers are not its own
+        if os.getpid() != self.pid:  # a forked child inherits this atexit hook; the helpers are not its own
             return
-        with self.lock:
+        with self.cond:
+            self.closed = True
             workers, self.idle = self.idle, []
         for worker in workers:
-            worker.kill()
+            worker.close()
+        with self.zygote_lock:
+            zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.kill()  # and with it, through the process group, every worker still running
 
 
 _POOL: _Pool | None = None
@@ -533,6 +1284,7 @@ _POOL_PID: int | None = None
 _CACHE: OrderedDict[tuple, bool] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 65_536
+_WARNED: set[str] = set()
 
 
 def _default_workers() -> int:
@@ -546,33 +1298,24 @@ def _default_workers() -> int:
     return max(1, min(8, cpus))
 
 
-def _get_pool(num_workers: int | None = None) -> _Pool | None:
+def _get_pool(num_workers: int | None = None) -> _Pool:
     global _POOL, _POOL_LOCK, _POOL_PID
-    if _POOL_PID != os.getpid():  # first use, or a forked child: never share the parent's pipes
+    if _POOL_PID != os.getpid():  # first use, or a forked child: never share the parent's helpers
         _POOL_LOCK, _POOL, _POOL_PID = threading.Lock(), None, os.getpid()
     with _POOL_LOCK:
         if _POOL is None:
-            try:
-                _POOL = _Pool(num_workers or _default_workers())
-            except OSError as exc:
-                warnings.warn(
-                    f"new_math_reward: cannot start math_verify workers ({exc}); scoring 0", stacklevel=3
-                )
-                return None
-        if _POOL.broken is not None:
-            if not _POOL.warned:
-                _POOL.warned = True
-                warnings.warn(
-                    f"new_math_reward: math_verify worker failed ({_POOL.broken}); answers that need sympy "
-                    "score 0 - check that math_verify imports in this Python",
-                    stacklevel=3,
-                )
-            return None
+            _POOL = _Pool(num_workers or _default_workers())
         return _POOL
 
 
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"new_math_reward: {message}", RuntimeWarning, stacklevel=4)
+
+
 def shutdown() -> None:
-    """Stop the worker processes (they are also stopped at exit); the next call starts new ones."""
+    """Stop the helper processes (they are also stopped at exit); the next call starts new ones."""
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
@@ -584,26 +1327,38 @@ def _verify(
     answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None
 ) -> tuple[bool, bool]:
     """(correct, timed_out) through the cache, the cheap verdicts and the worker pool."""
-    key = (answer.text, answer.boxed, truths)
+    key = (answer.text, answer.boxed, truths, answer.others)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key], False
     verdict = fast_verdict(answer.text, truths)
     timed_out = False
-    if verdict is None:
+    if verdict is None or verdict and answer.others:
         if is_hostile(answer.text):
             return False, False
-        sane = tuple(t for t in truths if not is_hostile(t))
+        sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
         if not sane:
             return False, False
         pool = _get_pool(workers)
-        if pool is None:
-            return False, False
-        request = {"answer": answer.text, "boxed": answer.boxed, "truths": list(sane)}
+        request = {
+            "answer": _for_sympy(answer.text),
+            "boxed": answer.boxed,
+            "truths": None if verdict else list(sane),
+            "others": [_for_sympy(o) for o in answer.others],
+        }
         equal, timed_out = pool.verify(request, timeout)
-        if equal is None or timed_out:
-            return False, timed_out  # not cached: a later try may have more time
+        if equal is None:
+            if pool.fatal is not None:
+                _warn_once(
+                    f"math_verify cannot run in {sys.executable} ({pool.fatal}); every answer that needs "
+                    "sympy scores 0 until it does (pip install math-verify)"
+                )
+            else:
+                _warn_once(f"math_verify's worker died {MAX_ATTEMPTS} times on one answer; it scores 0")
+            return False, False
+        if timed_out:
+            return False, True  # not cached: a later try may have more time
         verdict = equal
     with _CACHE_LOCK:
         _CACHE[key] = verdict
@@ -751,7 +1506,8 @@ def compute_score_batch(
         except Exception:  # noqa: BLE001
             results[i] = _zero()
 
-    threads = workers or _default_workers()
+    # more callers than running places, so that ordinary answers pass a slow one instead of queueing
+    threads = BATCH_THREADS_PER_WORKER * (workers or _default_workers())
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
         list(executor.map(score, range(len(responses))))
     return results
@@ -761,19 +1517,25 @@ def compute_score_batch(
 
 
 def _read_jsonl(path: str) -> list[dict]:
+    if path == "-" and sys.stdin is None:
+        raise ValueError("standard input is closed; pass a file name or pipe the JSONL in")
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
     rows = []
     with stream:
-        for n, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object per line")
-            rows.append(row)
+        n = 0
+        try:
+            for n, line in enumerate(stream, 1):  # noqa: B007 - n names the line an error is on
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}:{n}: expected a JSON object per line")
+                rows.append(row)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({exc.reason})") from exc
     return rows
 
 
@@ -785,13 +1547,15 @@ def _row_fields(row: dict) -> tuple[Any, Any]:
     return response, truth
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: score a JSONL file of responses and ground truths."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [_SERVE_FLAG]:
-        _serve()
-        return 0
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on standard error (exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _score_file(argv: list[str]) -> int:
+    parser = _Parser(
         prog="new_math_reward.py", description="Score MATH responses: accuracy 0.7 + format 0.2 + CoT 0.1."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -799,24 +1563,23 @@ def main(argv: list[str] | None = None) -> int:
         "score",
         help="score a JSONL file",
         description="Score each line of a JSONL file with keys response (or solution_str) and ground_truth "
-        "(or answer, or reward_model.ground_truth); print one line per item and a summary.",
+        "(or answer, or reward_model.ground_truth); print one line per item and a summary (with --json, "
+        'one JSON object per item and a last {"summary": ...} object).',
     )
     score.add_argument("file", help="JSONL file, or - for stdin")
     score.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per answer (default 1)"
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="CPU seconds per answer (default 1)"
     )
     score.add_argument(
-        "--workers", type=int, default=None, help="math_verify processes (default: CPUs, max 8)"
+        "--workers", type=int, default=None, help="math_verify processes at full speed (default: CPUs, max 8)"
     )
-    score.add_argument("--json", action="store_true", help="print each result as a JSON object")
+    score.add_argument("--json", action="store_true", help="print JSON Lines: each result, then the summary")
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or (args.workers is not None and args.workers < 1):
-        parser.error("--timeout must be > 0 and --workers >= 1")
-    try:
-        rows = _read_jsonl(args.file)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    if not (args.timeout > 0 and math.isfinite(args.timeout)) or (
+        args.workers is not None and args.workers < 1
+    ):
+        parser.error("--timeout must be a number > 0 and --workers >= 1")
+    rows = _read_jsonl(args.file)
     fields = [_row_fields(row) for row in rows]
     start = time.monotonic()
     results = compute_score_batch(
@@ -836,14 +1599,47 @@ def main(argv: list[str] | None = None) -> int:
                 f"\tcot={result['cot']:.2f}\tcorrect={result['correct']}\ttimed_out={result['timed_out']}"
             )
     count = len(results)
-    mean = sum(r["score"] for r in results) / count if count else 0.0
-    correct = sum(r["correct"] for r in results)
-    timeouts = sum(r["timed_out"] for r in results)
-    print(
-        f"summary: items={count} mean_score={mean:.4f} correct={correct}/{count} timed_out={timeouts} "
-        f"seconds={elapsed:.2f}"
-    )
+    summary = {
+        "items": count,
+        "mean_score": round(sum(r["score"] for r in results) / count, 4) if count else 0.0,
+        "correct": sum(r["correct"] for r in results),
+        "timed_out": sum(r["timed_out"] for r in results),
+        "seconds": round(elapsed, 2),
+    }
+    if args.json:
+        print(json.dumps({"summary": summary}))
+    else:
+        print(
+            f"summary: items={count} mean_score={summary['mean_score']:.4f} correct={summary['correct']}/{count} "
+            f"timed_out={summary['timed_out']} seconds={elapsed:.2f}"
+        )
+    sys.stdout.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: score a JSONL file of responses and ground truths; every error is one line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [_SERVE_FLAG]:
+        _serve(int(argv[1]), int(argv[2]))
+        return 0
+    try:
+        return _score_file(argv)
+    except KeyboardInterrupt:
+        message, status = "interrupted", 130
+    except BrokenPipeError:
+        try:  # the reader left (| head): keep the interpreter's final flush from failing again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, AttributeError, ValueError):
+            pass
+        message, status = "standard output closed before the end", 1
+    except (OSError, ValueError) as exc:
+        message, status = str(exc), 1
+    except Exception as exc:  # noqa: BLE001 - a command line error is one line, never a traceback
+        message, status = f"{type(exc).__name__}: {exc}", 1
+    if sys.stderr is not None:
+        print("error: " + " ".join(message.split()), file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
