@@ -188,6 +188,10 @@ def check_override_types(base, cfg, overrides: list[str]) -> None:
         got = _kind(value)
         if got == want or (want == "float" and got == "int"):
             continue
+        # YAML writes an unset coefficient as 0 (actor.entropy_coeff: 0), which looks integral: a zero
+        # default says nothing about whole numbers, so a number is fine there.
+        if want == "int" and got == "float" and default == 0:
+            continue
         raise PreflightError(
             f"{key}={raw}: verl's config expects {_KIND_WORDS[want]} there (default {default!r}); "
             "fix the value (an environment variable such as NNODES or NPUS ends up here too)"

@@ -151,6 +151,12 @@ def test_override_of_the_wrong_type_is_one_line(tmp_path, verl_tree, script, arg
     assert said in line
 
 
+def test_a_coefficient_whose_default_is_written_0_takes_a_fraction(tmp_path, verl_tree):
+    # actor.entropy_coeff is `0` in verl's YAML; 0.01 is a valid setting, not a type error.
+    proc = _run(QWEN, ["--dry-run", "actor_rollout_ref.actor.entropy_coeff=0.01"], _env(tmp_path, verl_tree))
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_deepseek_node_count_that_does_not_fit_names_ones_that_do(tmp_path, verl_tree):
     line = _refused(_run(DEEPSEEK, ["--dry-run"], _env(tmp_path, verl_tree, NNODES="15")))
     assert "does not divide 240 devices" in line
