@@ -383,7 +383,8 @@ def test_status_names_another_recipes_series_on_the_tree(verl_tree):
     assert cli("apply", "deepseek_r1", "--target", verl_tree).returncode == 0
     status = cli("status", "qwen2_5", "--target", verl_tree)
     assert status.returncode == 1 and "conflicting" in status.stdout
-    assert "this tree carries recipe deepseek_r1's series (12 of 12 patches applied)" in status.stdout
+    n = len(overlay.load_recipe("deepseek_r1").series)
+    assert f"this tree carries recipe deepseek_r1's series ({n} of {n} patches applied)" in status.stdout
     assert f"overlay.py revert deepseek_r1 --target {verl_tree.resolve()}" in status.stdout
     refused = cli("apply", "qwen2_5", "--target", verl_tree)
     assert refused.returncode == 1 and "carries recipe deepseek_r1's series" in refused.stderr

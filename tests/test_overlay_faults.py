@@ -126,7 +126,9 @@ def test_apply_killed_at_every_file_boundary(verl_tree, refs, hashes, capsys):
         verl_tree, refs, hashes, "pristine", capsys, lambda n: ("apply", "revert")[n % 2]
     )
     # Each file is staged, then renamed into place: at least two stops per file were tried.
-    assert steps > 2 * len(TOUCHED)
+    # Each file is at least one boundary (a file the series added is removed in one operation,
+    # a changed one is staged, then renamed into place).
+    assert steps > len(TOUCHED)
 
 
 @pytest.mark.slow
@@ -134,7 +136,9 @@ def test_revert_killed_at_every_file_boundary(verl_tree, refs, hashes, capsys):
     steps = check_killed_then_recovered(
         verl_tree, refs, hashes, "patched", capsys, lambda n: ("revert", "apply")[n % 2]
     )
-    assert steps > 2 * len(TOUCHED)
+    # Each file is at least one boundary (a file the series added is removed in one operation,
+    # a changed one is staged, then renamed into place).
+    assert steps > len(TOUCHED)
 
 
 def test_recovery_killed_at_every_file_boundary(verl_tree, refs, hashes):
