@@ -60,6 +60,7 @@ BATCH_THREADS_PER_WORKER = 4
 MAX_LIVE_WORKERS = 64  # running and waiting workers at most (per pool: at least 8 per running place)
 WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
 MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
+MAX_STARTS = 64  # failed worker starts in a row (the zygote dying) before an answer gives up
 PARENT_POLL_S = 0.1  # how often the zygote checks that the caller is still alive
 POLL_MAX_S = 0.05
 POLL_MIN_S = 0.01
@@ -868,6 +869,13 @@ def _serve(control_fd: int, caller: int) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the caller, which says so once
         fatal = isinstance(exc, ImportError | SyntaxError)
         control.send(json.dumps({"ready": False, "fatal": fatal, "error": repr(exc)[:300]}).encode())
+        # Read the caller's "fork" before exiting: a Unix socket closed with unread data resets the
+        # connection, and the caller's read then loses the message above (ECONNRESET instead of why).
+        control.settimeout(5.0)
+        try:
+            control.recv(64)
+        except OSError:
+            pass
         return
     # math_verify's own limits are SIGALRM wall-clock timers: under load they would fail a correct answer
     # for another's CPU use.  The caller bounds each answer's CPU time instead.
@@ -1192,12 +1200,15 @@ class _Pool:
             return bool(self.waiting) and min(self.waiting)[0] + QUANTUM_S <= attained
 
     def _attempt(self, data: bytes, budget: float) -> tuple[str, float]:
-        """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died', CPU seconds used)."""
+        """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died' | 'nostart', CPU seconds)."""
         with self.live:
             self._acquire(0.0)
             holding, worker, used, reusable = True, None, 0.0, False
             try:
-                worker = self._take()
+                try:
+                    worker = self._take()
+                except _WorkerDied:  # no worker could be had (the zygote died): not the answer's doing
+                    return "nostart", 0.0
                 worker.send(data)
                 running = 0.0  # wall time the worker has been let run on this answer
                 while True:
@@ -1236,19 +1247,30 @@ class _Pool:
         """(equal, timed_out); equal is None when math_verify could not be run on the answer."""
         data = json.dumps(request).encode()
         spent = 0.0
-        for _attempt in range(MAX_ATTEMPTS):
+        deaths = starts = 0
+        while deaths < MAX_ATTEMPTS:
             if self.fatal is not None:
                 return None, False
             try:
                 outcome, used = self._attempt(data, timeout - spent)
             except _Unavailable:
                 return None, False
+            if outcome == "nostart":
+                # A helper killed before it could take the answer costs the answer nothing; only a
+                # zygote that keeps dying at start (MAX_STARTS times in a row) gives up.
+                starts += 1
+                if starts >= MAX_STARTS:
+                    return None, False
+                time.sleep(min(0.05 * starts, 0.5))
+                continue
             if outcome == "timeout":
                 return False, True
             if outcome == "cold":  # the bound went on the parser's set-up: try again on a warm worker
+                deaths += 1
                 continue
             if outcome != "died":
                 return outcome == "equal", False
+            deaths += 1
             spent += used  # the worker died of something else: retry with what is left of the bound
             if spent >= timeout:
                 return False, True
@@ -1355,7 +1377,10 @@ def _verify(
                     "sympy scores 0 until it does (pip install math-verify)"
                 )
             else:
-                _warn_once(f"math_verify's worker died {MAX_ATTEMPTS} times on one answer; it scores 0")
+                _warn_once(
+                    f"math_verify's worker died {MAX_ATTEMPTS} times on one answer, or could not be started "
+                    f"{MAX_STARTS} times in a row; it scores 0"
+                )
             return False, False
         if timed_out:
             return False, True  # not cached: a later try may have more time
