@@ -969,7 +969,7 @@ class _Worker:
     def send(self, data: bytes) -> None:
         try:
             self.sock.sendmsg([data], [], socket.MSG_NOSIGNAL)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise _WorkerDied(f"worker gone ({exc})") from exc
 
     def reply(self, wait: float) -> dict | None:
@@ -978,7 +978,7 @@ class _Worker:
             if not _readable(self.sock, wait):
                 return None
             message = self.sock.recv(1 << 16)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: the socket was closed under us (fd -1)
             raise _WorkerDied(f"worker gone ({exc})") from exc
         if not message:
             raise _WorkerDied("worker exited")
@@ -1050,7 +1050,7 @@ class _Zygote:
             if remaining <= 0 or not _readable(self.sock, remaining):
                 raise _WorkerDied("math_verify zygote did not answer in time")
             data, fds, _flags, _addr = socket.recv_fds(self.sock, 1024, 2)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: another thread closed the socket (fd -1)
             raise _WorkerDied(f"math_verify zygote gone ({exc})") from exc
         if not data:
             raise _WorkerDied("math_verify zygote exited")
@@ -1063,7 +1063,7 @@ class _Zygote:
             gone = None
             try:  # sent before the zygote is ready, so it forks before it starts warming up
                 self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 gone = exc  # it may have said why before it exited: read that first
             if not self.ready:
                 status, _ = self._message(deadline)
