@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--disable-weight-sync",
         action="store_true",
-        help="test only: vLLM never receives the actor's weights (the check must then fail)",
+        help="test only: vLLM keeps the initial weights after its first sync (the check must then fail)",
     )
     parser.add_argument(
         "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"

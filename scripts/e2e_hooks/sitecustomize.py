@@ -1,4 +1,7 @@
-"""Test-only: with RECIPES_E2E_DISABLE_WEIGHT_SYNC=1, verl's vLLM rollouts never receive the actor's weights.
+"""Test-only: with RECIPES_E2E_DISABLE_WEIGHT_SYNC=1, verl's vLLM rollouts keep the initial weights.
+
+vLLM is built with dummy weights and the first sync loads the initial policy; every later sync is
+skipped, so the rollout samples from the initial weights while the actor trains.
 
 scripts/e2e.py puts this folder on PYTHONPATH only for `--disable-weight-sync`, the negative control of
 the weight-sync check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level.
@@ -14,9 +17,18 @@ import sys
 _TARGET = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
 
 
-async def _skip_update_weights(self, weights, **kwargs):
-    for _name, _tensor in weights:  # drain the generator so the trainer's side runs as usual
-        pass
+def _first_sync_only(update_weights):
+    """The engine starts from dummy weights: let the first sync load the initial policy, skip the rest."""
+    done = set()
+
+    async def wrapper(self, weights, **kwargs):
+        if id(self) not in done:
+            done.add(id(self))
+            return await update_weights(self, weights, **kwargs)
+        for _name, _tensor in weights:  # drain the generator so the trainer's side runs as usual
+            pass
+
+    return wrapper
 
 
 class _PatchAfterLoad(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -42,7 +54,7 @@ class _PatchAfterLoad(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for name in ("vLLMRollout", "vLLMAsyncRollout"):
             cls = getattr(module, name, None)
             if cls is not None:
-                cls.update_weights = _skip_update_weights
+                cls.update_weights = _first_sync_only(cls.update_weights)
         print(f"[e2e] weight sync disabled in {module.__name__} (pid {os.getpid()})", file=sys.stderr)
 
 
