@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _prepare_inputs(out: Path, seed: int, tree: Path, warm_start_steps: int) -> tuple[Path, dict[str, Path]]:
     """Patched verl on sys.path, the bundled problems through prepare_math, the tiny (warm-started) checkpoint."""
-    from demo import problems, tiny_model, verl_env, warm_start
+    from demo import problems, tiny_model, verl_env
 
     verl_env.use_patched_tree(verl_env.materialise_patched_tree(tree))
     for shim in verl_env.cpu_shims():
@@ -93,20 +93,7 @@ def _prepare_inputs(out: Path, seed: int, tree: Path, warm_start_steps: int) -> 
     verl_env.init_gloo_group()
 
     data = problems.prepare(out / "data", log=lambda msg: None)
-    bundled = problems.load_problems()
-    template = json.loads(tiny_model.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
-    responses = [warm_start.target_response(p["solution"]) for p in bundled]
-    texts = problems.render_prompts(bundled, template) + [p["solution"] for p in bundled] + responses
-    train = [p for p in bundled if p["split"] == "train"]
-
-    def prepare(model, tokenizer) -> None:
-        if warm_start_steps:
-            print(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
-            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
-
-    model_dir = tiny_model.make_tiny_checkpoint(
-        out / "model", texts, tiny_model.RECIPE_TOKENIZER_CONFIG, seed, prepare=prepare
-    )
+    model_dir = tiny_model.bundled_checkpoint(out / "model", seed, warm_start_steps)
     print(f"data: {data['train'].parent}; model: {model_dir}")
     return model_dir, data
 

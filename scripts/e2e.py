@@ -133,7 +133,7 @@ def check_interpreter() -> str:
 def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Path, Path]:
     """The bundled problems through prepare_math.py and a tiny warm-started Qwen2; reused when present."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from demo import problems, tiny_model, warm_start
+    from demo import problems, tiny_model
 
     data_dir, model_dir = out / "data", out / "model"
     stamp = out / "inputs.json"
@@ -145,23 +145,8 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     for stale in (data_dir, model_dir, stamp):
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     problems.prepare(data_dir, log=lambda msg: None)
-    bundled = problems.load_problems()
-    template = json.loads(tiny_model.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
-    texts = (
-        problems.render_prompts(bundled, template)
-        + [p["solution"] for p in bundled]
-        + [warm_start.target_response(p["solution"]) for p in bundled]
-    )
-    train = [p for p in bundled if p["split"] == "train"]
-
-    def prepare(model, tokenizer) -> None:
-        if warm_start_steps:
-            print(f"e2e: warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
-            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
-
-    shape = tiny_model.TinyShape(**MODEL_SHAPE)
-    tiny_model.make_tiny_checkpoint(
-        model_dir, texts, tiny_model.RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare
+    tiny_model.bundled_checkpoint(
+        model_dir, seed, warm_start_steps, tiny_model.TinyShape(**MODEL_SHAPE), log=lambda m: print(f"e2e: {m}")
     )
     stamp.write_text(json.dumps(want) + "\n")
     print(f"e2e: inputs: {model_dir} (tiny Qwen2, head_dim 32), {data_dir} (prepare_math.py)")

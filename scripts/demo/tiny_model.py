@@ -105,3 +105,27 @@ def make_tiny_checkpoint(
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def bundled_checkpoint(
+    out_dir: Path, seed: int, warm_start_steps: int, shape: TinyShape = TinyShape(), log=print
+) -> Path:
+    """The tiny model the demo and make e2e start from: a tokenizer trained on the bundled problems (their
+    prompts as the chat template renders them, solutions and target responses), warm-started on the train split."""
+    from demo import problems, warm_start
+
+    bundled = problems.load_problems()
+    template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
+    texts = (
+        problems.render_prompts(bundled, template)
+        + [p["solution"] for p in bundled]
+        + [warm_start.target_response(p["solution"]) for p in bundled]
+    )
+    train = [p for p in bundled if p["split"] == "train"]
+
+    def prepare(model, tokenizer) -> None:
+        if warm_start_steps:
+            log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
+            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
+
+    return make_tiny_checkpoint(out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare)
