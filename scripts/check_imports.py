@@ -478,7 +478,7 @@ def scan_tree(tree: Path, wheels: list[Path]) -> Report:
 def _default_wheels() -> list[Path]:
     import artifacts  # the sibling module; imported late so --help works without it
 
-    return [artifacts.wheel("vllm", "0.13.0"), artifacts.wheel("transformers", "4.57.6")]
+    return [artifacts.wheel(name, artifacts.pinned(name)) for name in ("vllm", "transformers")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -487,8 +487,16 @@ def main(argv: list[str] | None = None) -> int:
         description="Report vllm / transformers-submodule imports in a verl tree that the real wheels do not provide."
     )
     parser.add_argument("tree", type=Path, help="verl project root (the folder containing verl/)")
-    parser.add_argument("--vllm-wheel", type=Path, help="vllm wheel (default: cached vllm 0.13.0)")
-    parser.add_argument("--transformers-wheel", type=Path, help="transformers wheel (default: cached 4.57.6)")
+    parser.add_argument(
+        "--vllm-wheel",
+        type=Path,
+        help="vllm wheel (default: the cached wheel of the version constraints.txt pins)",
+    )
+    parser.add_argument(
+        "--transformers-wheel",
+        type=Path,
+        help="transformers wheel (default: the cached wheel of the version constraints.txt pins)",
+    )
     parser.add_argument(
         "--show-guarded", action="store_true", help="also list unresolved imports that have a fallback"
     )

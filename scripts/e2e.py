@@ -177,7 +177,7 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     ]
     if name == "async":
         # A list and a dict engine setting, so the run goes through vLLM's CLI parser the way
-        # patch 0005 fixed (both are no-ops here: eager mode, the checkpoint's own value).
+        # patch shared-0005 fixed (both are no-ops here: eager mode, the checkpoint's own value).
         overrides += [
             "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,2,4]",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={max_position_embeddings:1024}",

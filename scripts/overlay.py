@@ -49,6 +49,7 @@ except ImportError:  # Python 3.10 and older: say so in one line instead of a tr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import artifacts  # noqa: E402
+import patchdoc  # noqa: E402
 import patchset  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -977,7 +978,8 @@ def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> st
 def _print_states(states: list[PatchState], root: Path) -> None:
     for st in states:
         rel = st.patch.source.relative_to(REPO) if st.patch.source.is_relative_to(REPO) else st.patch.source
-        _say(f"  {st.state:<11} {rel}")
+        ident = patchdoc.patch_id(st.patch.source) or "-"
+        _say(f"  {st.state:<11} {ident:<12} {rel}")
         if st.detail:
             _say(f"              {st.detail}")
 

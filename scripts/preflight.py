@@ -500,7 +500,7 @@ def check_layout(cfg) -> Check:
     )
 
 
-# Patched trees (deepseek_r1's 0007) carry the rollout's token-budget rule as a pure module; it is loaded from the
+# Patched trees (deepseek_r1's ds-0007) carry the rollout's token-budget rule as a pure module; it is loaded from the
 # tree so a dry run refuses exactly what that tree's vLLMRollout would. Without it, verl 0.6.0's own check applies.
 TOKEN_BUDGET_MODULE = Path("verl") / "utils" / "vllm" / "token_budget.py"
 

@@ -1,7 +1,7 @@
-"""Patch 0005: the sync vLLM rollout gives each vLLM DP rank its own chunk of the batch.
+"""Patch ds-0005: the sync vLLM rollout gives each vLLM DP rank its own chunk of the batch.
 
 The dispatch is verl's own rule (mesh dp rank -> chunk, collect from infer_tp/infer_pp rank 0) on a row-major mesh
-as init_device_mesh lays it out, with verl's real DataProto.chunk / concat; the DP groups come from patch 0002's
+as init_device_mesh lays it out, with verl's real DataProto.chunk / concat; the DP groups come from patch ds-0002's
 vllm_dp_env on the same tree.
 """
 

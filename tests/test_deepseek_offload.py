@@ -1,4 +1,4 @@
-"""Patch 0004 (explicit engine offload) on the deepseek_r1-patched verl 0.6.0 tree.
+"""Patch ds-0004 (explicit engine offload) on the deepseek_r1-patched verl 0.6.0 tree.
 
 The offload helpers run on real tensors. The worker and rollout methods are the patched source itself, taken
 out of megatron_workers.py / vllm_rollout_spmd.py (neither imports here: no megatron-core, no vLLM runtime) and

@@ -87,7 +87,7 @@ def test_rollout_sets_dp_env_and_ep(patched):
     src = (patched / "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py").read_text()
     assert "os.environ.update(self._vllm_dp_env(" in src
     assert 'engine_kwargs.setdefault("enable_expert_parallel"' in src
-    # 0001 (an early vllm_ascend.patch import) is retired: vLLM-Ascend applies its patches itself
+    # ds-0001 (an early vllm_ascend.patch import) is retired: vLLM-Ascend applies its patches itself
     # (tests/test_vllm_ascend_contract.py::test_vllm_ascend_applies_its_own_patches_before_use)
     assert "vllm_ascend" not in src
 
@@ -224,7 +224,7 @@ def test_additional_config_reaches_the_sync_engine_as_a_dict_only(patched):
         assert "**engine_kwargs," in src
     # the async server's command line: a dict becomes its Python repr, which vLLM's JSON option parser refuses
     assert "server_args.append(str(v))" in server
-    header = (overlay.REPO / "llm_rl/deepseek_r1/patches/0003-vllm-additional-config.patch").read_text()
+    header = (overlay.REPO / "llm_rl/deepseek_r1/patches/ds-0003-vllm-additional-config.patch").read_text()
     assert "str(value)" in header and "as is in both" not in header
     for key in ("max_num_batched_tokens", "enable_chunked_prefill"):
         assert f"{key}=" in spmd and f'"{key}": self.config.{key}' in server

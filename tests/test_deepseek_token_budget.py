@@ -1,4 +1,4 @@
-"""Patch 0007 and the preflight: the rollout's max_num_batched_tokens check, run from the tree's own source.
+"""Patch ds-0007 and the preflight: the rollout's max_num_batched_tokens check, run from the tree's own source.
 
 The check is the statements of vLLMRollout.__init__ between `max_model_len = ...` and `load_format = ...`, taken
 out of the pristine and the patched vllm_rollout_spmd.py and run on a grid of settings; the preflight must refuse

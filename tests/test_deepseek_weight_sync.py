@@ -1,4 +1,4 @@
-"""Weight sync into vLLM-Ascend (patches 0004 + 0008) on CPU tensors, with vLLM-Ascend's and vLLM's own code.
+"""Weight sync into vLLM-Ascend (patches ds-0004 + ds-0008) on CPU tensors, with vLLM-Ascend's and vLLM's own code.
 
 The engine model is small and shaped like vLLM-Ascend's DeepSeek layers; what gives them their layouts is the real
 code, taken out of the cached wheels with `ast` and run on CPU: vllm-ascend 0.13.0's
@@ -320,7 +320,7 @@ def _sync(rollout, weights):
 
 
 def _explicit_cycle(eo, rollout, weights):
-    """0004's release() at the end of a rollout, resume(["weights"]) in rollout_mode, then the sync."""
+    """ds-0004's release() at the end of a rollout, resume(["weights"]) in rollout_mode, then the sync."""
     offload = eo.ExplicitEngineOffload(rollout.worker)
     offload.release()
     assert all(p.untyped_storage().nbytes() == 0 for p in rollout.worker.model_runner.model.parameters())

@@ -1,10 +1,10 @@
-"""Patch 0006 (routed experts of the Megatron weight sync by AlltoAllV) on the deepseek_r1-patched verl 0.6.0.
+"""Patch ds-0006 (routed experts of the Megatron weight sync by AlltoAllV) on the deepseek_r1-patched verl 0.6.0.
 
 megatron-core is not installed, so the patched per_tensor_generator cannot run here: its new branch is checked at
 the source level, while the logic it calls (verl/utils/megatron/expert_reshard.py from the patched tree, and this
 repository's moe_reshard.py) runs on gloo processes against the all-gather baseline that 0.6.0's generator does
 (PP broadcast, EP all-gather, every expert on every rank). Which experts a rollout rank keeps comes from vLLM
-0.13.0's own determine_expert_map (taken out of the real wheel) and verl's VLLM_DP_RANK (patch 0002).
+0.13.0's own determine_expert_map (taken out of the real wheel) and verl's VLLM_DP_RANK (patch ds-0002).
 """
 
 from __future__ import annotations

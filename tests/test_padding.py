@@ -1,4 +1,4 @@
-"""The NPU padding helpers that patch 0001 points verl at, against a plain reference.
+"""The NPU padding helpers that patch shared-0001 points verl at, against a plain reference.
 
 verl/workers/roles/utils/padding.py (patched) takes pad_input/unpad_input from
 verl.utils.npu_utils; the installed verl is the same 0.6.0 release, so its npu_utils is
@@ -17,7 +17,7 @@ import torch
 from verl.utils import npu_utils
 
 PADDING_PY = "verl/workers/roles/utils/padding.py"
-PATCH = "patches/verl/0001-npu-padding-helpers.patch"
+PATCH = "patches/verl/shared-0001-npu-padding-helpers.patch"
 
 
 def reference_unpad(x: torch.Tensor, mask: torch.Tensor):

@@ -1,4 +1,4 @@
-"""Patch 0004: the reward function's extra components become per-step training metrics."""
+"""Patch shared-0004: the reward function's extra components become per-step training metrics."""
 
 from __future__ import annotations
 

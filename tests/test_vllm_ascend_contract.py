@@ -220,7 +220,7 @@ def test_vllm_runs_attention_post_load_through_the_layer(vllm_whl):
     assert "self.impl.process_weights_after_loading(act_dtype)" in layer
 
 
-# --- 0001 retired: vLLM-Ascend applies its patches itself -------------------------------------------------------
+# --- ds-0001 retired: vLLM-Ascend applies its patches itself -------------------------------------------------------
 
 
 def test_vllm_ascend_applies_its_own_patches_before_use(vllm_ascend_wheel, vllm_whl):
@@ -261,7 +261,7 @@ def _rebound_module_names(wheel: Path) -> set[str]:
 
 
 def test_verl_binds_no_name_vllm_ascend_rebinds(vllm_ascend_wheel, patched_verl):
-    """Why 0001 could go: import order only matters for names verl binds that a patch later rebinds."""
+    """Why ds-0001 could go: import order only matters for names verl binds that a patch later rebinds."""
     rebound = _rebound_module_names(vllm_ascend_wheel)
     assert {"rejection_sample", "DeepseekV2MoE", "ECExampleConnector"} <= rebound  # the scan sees them
     tree = patched_verl("deepseek_r1")
@@ -276,7 +276,7 @@ def test_verl_binds_no_name_vllm_ascend_rebinds(vllm_ascend_wheel, patched_verl)
     )
 
 
-# --- 0002: what vLLM 0.13 reads of VLLM_DP_* under the external launcher --------------------------------------
+# --- ds-0002: what vLLM 0.13 reads of VLLM_DP_* under the external launcher --------------------------------------
 
 
 def test_external_launcher_dp_reads_env_and_reuses_the_dp_group(vllm_whl, vllm_ascend_wheel):
@@ -307,11 +307,11 @@ def test_external_launcher_dp_reads_env_and_reuses_the_dp_group(vllm_whl, vllm_a
         py = [n for n in zf.namelist() if n.endswith(".py")]
     readers = [p for p in py if re.search(r"data_parallel_master_(ip|port)", _source(vllm_ascend_wheel, p))]
     assert readers == [], (
-        f"vllm-ascend now reads the DP master address in {readers}: revise 0002's description"
+        f"vllm-ascend now reads the DP master address in {readers}: revise ds-0002's description"
     )
 
 
-# --- additional_config keys: the launcher's, and the placement keys 0006 refuses --------------------------------
+# --- additional_config keys: the launcher's, and the placement keys ds-0006 refuses --------------------------------
 
 
 def _ascend_config_keys(wheel: Path) -> set[str]:
@@ -402,7 +402,7 @@ def test_placement_guard_makes_the_reshard_fall_back(expert_reshard):
     assert plan is None and not logged and "expert_map_record_path" in reason
 
 
-# --- vLLM 0.13's scheduler budget, which 0007 mirrors -----------------------------------------------------------
+# --- vLLM 0.13's scheduler budget, which ds-0007 mirrors -----------------------------------------------------------
 
 
 def test_token_budget_matches_vllm_verify_max_model_len(vllm_whl, patched_verl):

@@ -96,7 +96,7 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # The seed found sleep mode not freeing device memory across A3 nodes: patch 0004's explicit weight
+  # The seed found sleep mode not freeing device memory across A3 nodes: patch ds-0004's explicit weight
   # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
   # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
   # (README, "Sleep mode or explicit offload"), graph mode instead:
@@ -104,10 +104,10 @@ OVERRIDES=(
   actor_rollout_ref.rollout.mode=sync
   actor_rollout_ref.rollout.explicit_offload=True
   actor_rollout_ref.rollout.enforce_eager=True
-  # vLLM-Ascend 0.13.0 additional_config, declared by patch 0003 (the seed's 0.9-era torchair and
+  # vLLM-Ascend 0.13.0 additional_config, declared by patch ds-0003 (the seed's 0.9-era torchair and
   # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
   'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
-  # Weight sync: each routed expert only to the rollout ranks that keep it (patch 0006), by this recipe's
+  # Weight sync: each routed expert only to the rollout ranks that keep it (patch ds-0006), by this recipe's
   # moe_reshard.py, which every Ray worker finds through RECIPE_MOE_RESHARD_DIR.
   actor_rollout_ref.rollout.expert_reshard=alltoallv
   +ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_MOE_RESHARD_DIR="$RECIPE_MOE_RESHARD_DIR"
@@ -131,7 +131,7 @@ case "$VARIANT" in
     actor_rollout_ref.rollout.data_parallel_size=64
     actor_rollout_ref.rollout.expert_parallel_size=128
     # 8192 -> 1024 against the real-weight OOM (seed); below max_model_len 4096, so it needs chunked prefill
-    # and patch 0007 (verl 0.6.0 refused the pair; vLLM 0.13 accepts it)
+    # and patch ds-0007 (verl 0.6.0 refused the pair; vLLM 0.13 accepts it)
     actor_rollout_ref.rollout.max_num_batched_tokens=1024
     actor_rollout_ref.rollout.enable_chunked_prefill=True
     actor_rollout_ref.actor.megatron.use_dist_checkpointing=True

@@ -119,7 +119,7 @@ def build_trainer(config, seed: int) -> Trainer:
     ref_module = copy.deepcopy(actor_module).eval().requires_grad_(False)
 
     try:
-        # validate_config's actor check; with patch 0100 it refuses an off-policy skip of old_log_prob.
+        # validate_config's actor check; with patch shared-0100 it refuses an off-policy skip of old_log_prob.
         omega_conf_to_dataclass(arr.actor).validate(1, config.data.train_batch_size)
     except ValueError as exc:
         raise DemoError(str(exc)) from exc
@@ -170,7 +170,7 @@ def grpo_step(t: Trainer, step: int) -> dict:
 
     if not hasattr(RayPPOTrainer, "_compute_old_log_prob"):
         raise DemoError(
-            "verl's RayPPOTrainer lacks _compute_old_log_prob: apply patch 0101 (scripts/overlay.py apply qwen2_5)"
+            "verl's RayPPOTrainer lacks _compute_old_log_prob: apply patch shared-0101 (scripts/overlay.py apply qwen2_5)"
         )
     cfg = t.config
     arr = cfg.actor_rollout_ref
@@ -208,7 +208,7 @@ def grpo_step(t: Trainer, step: int) -> dict:
     }
     metrics: dict[str, float] = {}
     timing_raw: dict[str, float] = {}
-    # The patched trainer's own step (0101): one actor pass, or none when recompute_old_log_prob=False.
+    # The patched trainer's own step (shared-0101): one actor pass, or none when recompute_old_log_prob=False.
     trainer_view = SimpleNamespace(config=cfg, actor_rollout_wg=InProcessActorGroup(t.actor, logp_meta))
     batch = RayPPOTrainer._compute_old_log_prob(trainer_view, batch, metrics, timing_raw)
     lap("old_log_prob")
