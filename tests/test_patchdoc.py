@@ -156,9 +156,12 @@ def test_every_patch_named_in_the_repository_exists() -> None:
         except UnicodeDecodeError:
             continue
         rel = path.relative_to(REPO)
+        if rel == Path(__file__).relative_to(REPO):
+            continue  # this file makes up identifiers to show the checks fail
         for ident in set(ID_IN_TEXT.findall(text)) - known - RETIRED:
             missing.append(f"{rel}: {ident}")
-        if not str(rel).startswith("tests/test_overlay"):  # those build throwaway series of their own
+        # tests/test_overlay* build throwaway series of their own; the changelog records the old names
+        if not str(rel).startswith("tests/test_overlay") and str(rel) != "CHANGELOG.md":
             old_style += [f"{rel}: {m}" for m in OLD_STYLE.findall(text) if "0.13" not in m[:6]]
     assert missing == [], "patches named but not in the repository"
     assert old_style == [], "patch file names from before the identifiers"
