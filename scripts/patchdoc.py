@@ -463,8 +463,9 @@ def _upstream(header: Header) -> str:
     forwarded = header.get("Forwarded")
     parts = [f"forwarded: {forwarded}" if not URL.match(forwarded) else f"[forwarded]({forwarded})"]
     parts += [f"[bug]({bug})" for bug in header.values("Bug")]
-    if header.get("Applied-Upstream"):
-        parts.append(f"applied upstream: {header.get('Applied-Upstream')}")
+    applied = header.get("Applied-Upstream")
+    if applied:
+        parts.append(f"[applied upstream]({applied})" if URL.match(applied) else f"applied upstream: {applied}")
     return "; ".join(parts)
 
 
