@@ -6,24 +6,28 @@ With the e2e environment's Python (vLLM 0.13.0's CPU build; scripts/setup_e2e.sh
     .venv-e2e/bin/python scripts/check_deepseek_rollout.py --work /tmp/dsr1-rollout
 
 What it does, in one process on a gloo group of one:
-1. verl 0.6.0 (the pinned sdist) with the DeepSeek series and the CPU overlay (overlay.py apply deepseek_r1
-   --with cpu); a tiny DeepSeek-V3 checkpoint (scripts/demo/tiny_deepseek.py);
-2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run` (which patches a
-   tree of its own and composes them against ppo_megatron_trainer), then the few that one CPU process needs
-   (CPU_OVERRIDES below, each with its reason), composed against the patched tree's ppo_megatron_trainer;
+1. a tiny DeepSeek-V3 checkpoint (scripts/demo/tiny_deepseek.py); verl 0.6.0 from the pinned sdist;
+2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run`, which applies the
+   DeepSeek series to that tree itself and composes them against its ppo_megatron_trainer; then the few that
+   one CPU process needs (CPU_OVERRIDES below, each with its reason), composed against the same tree. Nothing
+   of the CPU overlay (patches/cpu/) is needed on this path; `--with cpu` builds from the series + overlay;
 3. verl's vLLMRollout built from that config as the Megatron worker builds it (chunked prefill,
    max_num_batched_tokens 1024 < max_model_len 4096, explicit offload, eager, dummy load format), then
    released as the worker's trainer_mode does; and the same construction from the series without
    0007-vllm-token-budget, which must raise;
 4. rounds in the worker's rollout_mode order (resume weights, update_weights, resume kv_cache), greedy
-   generation of prompts that together exceed the token budget, trainer_mode's release; each round's tokens
-   and log-probs are compared with the Hugging Face model holding the weights the trainer has:
+   generation of prompts that together exceed the token budget (the scheduler's steps are recorded),
+   trainer_mode's release; each round's tokens and log-probs are compared with the Hugging Face model holding
+   the weights the trainer has:
      initial       sync the checkpoint's weights A (vLLM starts from dummy weights)       must match HF(A)
      no-sync       the trainer moves to B, no update_weights (the negative control)      must NOT match HF(B)
      no-experts    update_weights with B minus the routed experts (control)              must NOT match HF(B)
      synced        update_weights with all of B                                          must match HF(B)
-   and after each sync the engine's parameters hold exactly the values sent (compared as multisets, since
-   vLLM fuses and stacks the checkpoint's tensors).
+   and in each round which of A's and B's tensors the engine's parameters hold exactly.
+Taken away one at a time, the CPU settings fail as follows (vLLM 0.13.0 CPU build, 2026-12-01): without
+VLLM_MLA_DISABLE the engine raises "MLA is not supported on CPU"; without custom_ops=["none"] 2 of 64 greedy
+tokens match HF (log-prob gap 0.37); without the router keys in config.json the first sync raises KeyError on
+e_score_correction_bias; in bf16 (the launcher's dtype) 63-64 of 64 tokens match, log-prob gap up to 0.05.
 Writes WORK/result.json; exit status 0 when every check holds, 1 otherwise, 2 usage.
 """
 
@@ -91,14 +95,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--seed", type=int, default=1, help="seed of the tiny checkpoint (default: %(default)s)"
     )
+    parser.add_argument(
+        "--with",
+        dest="with_overlay",
+        metavar="OVERLAY",
+        help="build the rollout from the DeepSeek series plus this overlay (cpu: patches/cpu/) "
+        "instead of the launcher's own tree",
+    )
     return parser.parse_args(argv)
 
 
 # --- trees, checkpoint, config ---------------------------------------------------------------------------------
 
 
-def prepare_trees(work: Path) -> tuple[Path, Path, Path]:
-    """(tree for the launcher's dry run, the DeepSeek series + CPU overlay, the same without patch 0007)."""
+def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | None, Path]:
+    """Pristine verl trees: (the launcher's, which its dry run patches with the DeepSeek series itself; with
+    `with_overlay`, the series plus that overlay, else None; the series without patch 0007)."""
     sys.path.insert(0, str(REPO / "scripts"))
     import artifacts
     import overlay
@@ -108,19 +120,23 @@ def prepare_trees(work: Path) -> tuple[Path, Path, Path]:
         sdist = artifacts.verl_sdist(recipe.version, recipe.sdist_sha256)
     except artifacts.DownloadError as exc:
         raise CheckError(f"the verl {recipe.version} sdist cannot be fetched: {exc}") from None
-    cpu = overlay.with_overlay(recipe, "cpu")
-    without_budget = dataclasses.replace(cpu, series=tuple(p for p in cpu.series if p.name != BUDGET_PATCH))
-    if len(without_budget.series) != len(cpu.series) - 1:
+    without_budget = dataclasses.replace(
+        recipe, series=tuple(p for p in recipe.series if p.name != BUDGET_PATCH)
+    )
+    if len(without_budget.series) != len(recipe.series) - 1:
         raise CheckError(f"{BUDGET_PATCH} is not in the DeepSeek series; update BUDGET_PATCH")
-    trees = []
-    for name, series in (("dry-run", None), ("deepseek_r1+cpu", cpu), ("without-0007", without_budget)):
+    wanted = [("launcher", None), ("without-0007", without_budget)]
+    if with_overlay:
+        wanted.append((f"with-{with_overlay}", overlay.with_overlay(recipe, with_overlay)))
+    trees = {}
+    for name, series in wanted:
         dest = work / name
         shutil.rmtree(dest, ignore_errors=True)
         artifacts.unpack_sdist(sdist, dest)
         if series is not None:
             overlay.apply_series(series, dest, log=lambda msg: None)
-        trees.append(dest)
-    return trees[0], trees[1], trees[2]
+        trees[name] = dest
+    return trees["launcher"], trees.get(f"with-{with_overlay}"), trees["without-0007"]
 
 
 def launcher_overrides(dry_run_tree: Path, model_dir: Path, work: Path) -> list[str]:
@@ -287,6 +303,15 @@ def engine_settings(rollout) -> dict:
     }
 
 
+def ascend_layers(model) -> int | None:
+    """How many layers patch 0008's sync would transform (None on a tree without 0008)."""
+    try:
+        from verl.utils.vllm.ascend_weight_sync import ascend_attention_layers, ascend_moe_layers
+    except ModuleNotFoundError:
+        return None
+    return len(ascend_moe_layers(model)) + len(ascend_attention_layers(model))
+
+
 def record_scheduled_tokens(rollout) -> list[int]:
     """The tokens vLLM's scheduler puts in each engine step from now on (appended to the returned list)."""
     scheduler = rollout.inference_engine.llm_engine.engine_core.engine_core.scheduler
@@ -386,8 +411,7 @@ def run(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.update(ENGINE_ENV)
     timings = {}
-    dry_tree, tree, without_budget = prepare_trees(work)
-    sys.path.insert(0, str(tree))
+    launcher_tree, overlay_tree, without_budget = prepare_trees(work, args.with_overlay)
     from demo import tiny_deepseek
 
     model_dir = work / "model"
@@ -395,7 +419,10 @@ def run(args: argparse.Namespace) -> dict:
     tiny_deepseek.make_checkpoint(model_dir, seed=args.seed)
     timings["trees_and_checkpoint_s"] = time.perf_counter() - start
 
-    launcher = launcher_overrides(dry_tree, model_dir, work)
+    launcher = launcher_overrides(launcher_tree, model_dir, work)
+    # the tree the launcher patched for itself (the NPU launch's tree), or that series plus an overlay
+    tree = overlay_tree or launcher_tree
+    sys.path.insert(0, str(tree))
     overrides = [*launcher, *CPU_OVERRIDES]
     cfg = compose(tree, overrides)
     rollout_cfg = cfg.actor_rollout_ref.rollout
@@ -435,10 +462,8 @@ def run(args: argparse.Namespace) -> dict:
     batch, prompts = prompts_batch(parts[1].tokenizer, PROMPT_LENGTHS)
     model = engine_model(rollout)
     engine = engine_settings(rollout)
-    from verl.utils.vllm.ascend_weight_sync import ascend_attention_layers, ascend_moe_layers
-
     # 0008's transforms apply to vLLM-Ascend's layers only: here update_weights is verl 0.6.0's load_weights
-    engine["ascend_layers"] = len(ascend_moe_layers(model)) + len(ascend_attention_layers(model))
+    engine["ascend_layers"] = ascend_layers(model)
     steps = record_scheduled_tokens(rollout)
     rounds = {}
 
@@ -498,6 +523,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "tree": tree.name,
         "settings": settings,
         "engine": engine,
         "launcher_overrides": launcher,

