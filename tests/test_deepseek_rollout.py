@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def rollout_check(e2e_python, tmp_path_factory):
+def rollout_check(e2e_python, verl_sdist_path, tmp_path_factory):
+    """The check's result.json; verl_sdist_path skips (with the reason) when the sdist cannot be fetched."""
     work = tmp_path_factory.mktemp("deepseek-rollout")
     proc = subprocess.run(
         [str(e2e_python), str(SCRIPT), "--work", str(work)],
