@@ -14,7 +14,7 @@ What it does, in one process on a gloo group of one:
 3. verl's vLLMRollout built from that config as the Megatron worker builds it (chunked prefill,
    max_num_batched_tokens 1024 < max_model_len 4096, explicit offload, eager, dummy load format), then
    released as the worker's trainer_mode does; and the same construction from the series without
-   0007-vllm-token-budget, which must raise;
+   the token-budget patch (the one adding verl/utils/vllm/token_budget.py, now 0007), which must raise;
 4. rounds in the worker's rollout_mode order (resume weights, update_weights, resume kv_cache), greedy
    generation of prompts that together exceed the token budget (the scheduler's steps are recorded),
    trainer_mode's release; each round's tokens and log-probs are compared with the Hugging Face model holding
@@ -49,7 +49,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
-BUDGET_PATCH = "0007-vllm-token-budget.patch"
+# the token-budget patch is the one that adds this file (found by content, so a renamed patch is still found)
+BUDGET_MODULE = "verl/utils/vllm/token_budget.py"
 
 # What one CPU process needs on top of the launcher's overrides; they come after them, so they win.
 CPU_OVERRIDES = [
@@ -110,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | None, Path]:
     """Pristine verl trees: (the launcher's, which its dry run patches with the DeepSeek series itself; with
-    `with_overlay`, the series plus that overlay, else None; the series without patch 0007)."""
+    `with_overlay`, the series plus that overlay, else None; the series without the token-budget patch)."""
     sys.path.insert(0, str(REPO / "scripts"))
     import artifacts
     import overlay
@@ -121,11 +122,11 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
     except artifacts.DownloadError as exc:
         raise CheckError(f"the verl {recipe.version} sdist cannot be fetched: {exc}") from None
     without_budget = dataclasses.replace(
-        recipe, series=tuple(p for p in recipe.series if p.name != BUDGET_PATCH)
+        recipe, series=tuple(p for p in recipe.series if f"+++ b/{BUDGET_MODULE}" not in p.read_text())
     )
     if len(without_budget.series) != len(recipe.series) - 1:
-        raise CheckError(f"{BUDGET_PATCH} is not in the DeepSeek series; update BUDGET_PATCH")
-    wanted = [("launcher", None), ("without-0007", without_budget)]
+        raise CheckError(f"no single patch of the DeepSeek series adds {BUDGET_MODULE}; update BUDGET_MODULE")
+    wanted = [("launcher", None), ("without-token-budget", without_budget)]
     if with_overlay:
         wanted.append((f"with-{with_overlay}", overlay.with_overlay(recipe, with_overlay)))
     trees = {}
@@ -136,7 +137,7 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
         if series is not None:
             overlay.apply_series(series, dest, log=lambda msg: None)
         trees[name] = dest
-    return trees["launcher"], trees.get(f"with-{with_overlay}"), trees["without-0007"]
+    return trees["launcher"], trees.get(f"with-{with_overlay}"), trees["without-token-budget"]
 
 
 def launcher_overrides(dry_run_tree: Path, model_dir: Path, work: Path) -> list[str]:
@@ -213,8 +214,9 @@ def rollout_parts(cfg):
     return rollout_config, model_config, mesh
 
 
-def budget_refusal_without_0007(tree: Path, parts) -> str:
-    """Build vLLMRollout from the series-without-0007's vllm_rollout_spmd.py; returns the ValueError it raises."""
+def budget_refusal_without_patch(tree: Path, parts) -> str:
+    """Build vLLMRollout from the vllm_rollout_spmd.py of the series without the token-budget patch; returns the
+    ValueError it raises."""
     import importlib.util
 
     path = tree / "verl" / "workers" / "rollout" / "vllm_rollout" / "vllm_rollout_spmd.py"
@@ -226,7 +228,7 @@ def budget_refusal_without_0007(tree: Path, parts) -> str:
     except ValueError as exc:
         return str(exc)
     raise CheckError(
-        "without patch 0007 the rollout was built with the launcher's budget; the control is void"
+        "without the token-budget patch the rollout was built with the launcher's budget; the control is void"
     )
 
 
@@ -465,7 +467,7 @@ def run(args: argparse.Namespace) -> dict:
 
     init_process_group()
     parts = rollout_parts(cfg)
-    refusal = budget_refusal_without_0007(without_budget, parts)
+    refusal = budget_refusal_without_patch(without_budget, parts)
     t0 = time.perf_counter()
     rollout = vLLMRollout(*parts)
     timings["rollout_build_s"] = time.perf_counter() - t0
@@ -519,7 +521,7 @@ def run(args: argparse.Namespace) -> dict:
         and engine["enforce_eager"] is True
         and engine["enable_sleep_mode"] is False
         and engine["additional_config"] == settings["additional_config"],
-        "without 0007 the launcher's budget raises": "max_num_batched_tokens" in refusal,
+        "without the token-budget patch the launcher's budget raises": "max_num_batched_tokens" in refusal,
         # the prompts' prefill took more than one step, none over the budget, the first one full
         "prompts prefilled in chunks of the budget": all(
             r["prefill_steps"][0] == budget
@@ -550,7 +552,7 @@ def run(args: argparse.Namespace) -> dict:
         "engine": engine,
         "launcher_overrides": launcher,
         "cpu_overrides": CPU_OVERRIDES,
-        "refusal_without_0007": refusal,
+        "refusal_without_budget_patch": refusal,
         "tensors": n,
         "expert_tensors": experts,
         "prompt_lengths": list(PROMPT_LENGTHS),

@@ -83,8 +83,8 @@ def test_the_engine_runs_the_launchers_rollout_settings(rollout_check):
     assert all(
         r["prefill_steps"][0] == 1024 and len(r["prefill_steps"]) > 1 for r in result["rounds"].values()
     )
-    # verl 0.6.0's own check, as the series leaves it without 0007, refuses the same settings
-    assert "max_num_batched_tokens is smaller than max_model_len" in result["refusal_without_0007"]
+    # verl 0.6.0's own check, as the series leaves it without the token-budget patch (0007), refuses them
+    assert "max_num_batched_tokens is smaller than max_model_len" in result["refusal_without_budget_patch"]
 
 
 def test_synced_weights_decode_as_hugging_face_does(rollout_check):
