@@ -33,7 +33,9 @@ def recipe_special_tokens(tokenizer_config: dict) -> list[str]:
     return tokens
 
 
-def train_tokenizer(texts: Iterable[str], tokenizer_config: dict, vocab_size: int):
+def train_tokenizer(
+    texts: Iterable[str], tokenizer_config: dict, vocab_size: int, max_length: int = TinyShape.max_positions
+):
     """A byte-level BPE over texts, wrapped with the recipe's special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -56,7 +58,7 @@ def train_tokenizer(texts: Iterable[str], tokenizer_config: dict, vocab_size: in
         eos_token=tokenizer_config.get("eos_token") or "<|im_end|>",
         pad_token=tokenizer_config.get("pad_token") or "<|endoftext|>",
         additional_special_tokens=[t for t in specials if t not in ("<|endoftext|>",)],
-        model_max_length=TinyShape.max_positions,
+        model_max_length=max_length,
         padding_side="left",
     )
 
@@ -91,14 +93,16 @@ def make_tiny_checkpoint(
     seed: int,
     shape: TinyShape = TinyShape(),
     prepare: Callable[[object, object], None] | None = None,
+    build: Callable[[object, object, int], object] | None = None,
 ) -> Path:
-    """Train the tokenizer, build the model, let prepare(model, tokenizer) train it, save both; return out_dir."""
+    """Train the tokenizer, build the model (build(tokenizer, shape, seed), default a Qwen2), let
+    prepare(model, tokenizer) train it, save both; return out_dir."""
     tokenizer_config = json.loads(Path(tokenizer_config_path).read_text(encoding="utf-8"))
     # The template's own text (its default system prompt) is what every prompt starts with.
     tokenizer = train_tokenizer(
-        [*texts, tokenizer_config["chat_template"]], tokenizer_config, shape.vocab_size
+        [*texts, tokenizer_config["chat_template"]], tokenizer_config, shape.vocab_size, shape.max_positions
     )
-    model = build_model(tokenizer, shape, seed)
+    model = (build or build_model)(tokenizer, shape, seed)
     if prepare is not None:
         prepare(model, tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,12 +119,6 @@ def bundled_checkpoint(
     from demo import problems, warm_start
 
     bundled = problems.load_problems()
-    template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
-    texts = (
-        problems.render_prompts(bundled, template)
-        + [p["solution"] for p in bundled]
-        + [warm_start.target_response(p["solution"]) for p in bundled]
-    )
     train = [p for p in bundled if p["split"] == "train"]
 
     def prepare(model, tokenizer) -> None:
@@ -128,4 +126,20 @@ def bundled_checkpoint(
             log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
             warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
 
-    return make_tiny_checkpoint(out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare)
+    return make_tiny_checkpoint(
+        out_dir, bundled_texts(), RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare
+    )
+
+
+def bundled_texts() -> list[str]:
+    """What the tiny tokenizers are trained on: the bundled problems' prompts as the chat template renders
+    them, their solutions and the warm start's target responses."""
+    from demo import problems, warm_start
+
+    bundled = problems.load_problems()
+    template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
+    return (
+        problems.render_prompts(bundled, template)
+        + [p["solution"] for p in bundled]
+        + [warm_start.target_response(p["solution"]) for p in bundled]
+    )
