@@ -237,6 +237,49 @@ def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
     assert "--index-url" in next(c for c in commands if c.endswith(" torch"))
 
 
+def _installer_commands(*args: str, env: dict | None = None) -> list[str]:
+    """The commands `install_npu_stack.sh --dry-run ARGS` would run, without the '+ '."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
+def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
+    url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
+    where = tmp_path / "ms"
+    env = dict(os.environ, MINDSPEED_DIR=str(where))
+    cmds = _installer_commands("--recipe", "deepseek_r1", env=env)
+
+    def at(pred) -> int:
+        hits = [i for i, c in enumerate(cmds) if pred(c)]
+        assert len(hits) == 1, (hits, cmds)
+        return hits[0]
+
+    order = [
+        at(lambda c: c.endswith(" vllm-ascend")),
+        at(lambda c: c.endswith(" --no-deps megatron-core") and f"-c {CONSTRAINTS}" in c),
+        at(lambda c: c.endswith(" mbridge") and f"-c {CONSTRAINTS}" in c),
+        at(lambda c: c == f"git clone --quiet {url} {where}"),
+        at(lambda c: c == f"git -C {where} checkout --quiet --detach {commit}"),
+        at(lambda c: c.endswith(f"-c {CONSTRAINTS} -e {where}")),
+        at(lambda c: "--no-deps -e " in c and c.endswith("/verl")),
+        at(lambda c: c.endswith(f"check_stack.py --constraints {CONSTRAINTS} --recipe deepseek_r1")),
+    ]
+    assert order == sorted(order), cmds
+    (where / ".git").mkdir(parents=True)
+    again = _installer_commands("--recipe", "deepseek_r1", env=env)
+    assert f"git -C {where} fetch --quiet origin" in again and not [c for c in again if "git clone" in c]
+
+    qwen = _installer_commands("--recipe", "qwen2_5")
+    assert not [c for c in qwen if re.search(r"megatron|mbridge|mindspeed|git ", c, re.I)]
+    assert qwen[-1].endswith("--recipe qwen2_5")
+
+
 def pin_pattern(name: str, version: str) -> re.Pattern:
     """name==version, name~=version, name:version or name@version; '-' and '_' alike, any case."""
     name_re = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", name))
