@@ -4,14 +4,14 @@
 #      resolved under constraints.txt, and tensorboard (the launchers' default logger);
 #   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
-#   3. pip uninstall uvloop (it breaks Ray's asyncio loop; requirements may pull it back in);
-#      then vllm, then vllm-ascend;
+#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version constraints.txt pins;
 #   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
 #      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
 #   6. scripts/check_stack.py --recipe: fails when any installed version or commit is off the pins.
 # Every version and commit comes from constraints.txt (pip -c, check_stack.py --git-source); none is
-# written here.
+# written here. The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must
+# stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
 #
 #   bash scripts/install_npu_stack.sh [--recipe qwen2_5|deepseek_r1] [--verl-dir DIR] [--dry-run]
 #   MINDSPEED_DIR (default llm_rl/<recipe>/MindSpeed): where MindSpeed is cloned (git-ignored)
@@ -60,8 +60,6 @@ pip_c ray
 pip_c sympy
 pip_c gguf
 pip_c compressed-tensors
-
-run "$PYTHON" -m pip uninstall -y uvloop
 
 # vllm-ascend needs vllm's Python package only; VLLM_TARGET_DEVICE=empty skips vllm's own kernels
 # when pip has to build it from source (no wheel for the host's platform).

@@ -215,7 +215,6 @@ def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
         " sympy",
         " gguf",
         " compressed-tensors",
-        "uninstall -y uvloop",
         " vllm",
         " vllm-ascend",
         "--no-deps -e ",
@@ -278,6 +277,40 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
     qwen = _installer_commands("--recipe", "qwen2_5")
     assert not [c for c in qwen if re.search(r"megatron|mbridge|mindspeed|git ", c, re.I)]
     assert qwen[-1].endswith("--recipe qwen2_5")
+
+
+def test_installer_keeps_uvloop_at_its_pin():
+    """The seed uninstalls uvloop before vllm, which puts it back; removing it after vllm would break verl."""
+    for recipe in ("qwen2_5", "deepseek_r1"):
+        assert not [c for c in _installer_commands("--recipe", recipe) if "uninstall" in c], recipe
+    assert "uvloop" in {n for n, _ in check_stack.read_pins(CONSTRAINTS)}
+
+
+def test_verl_async_server_needs_uvloop_through_vllm(vllm_wheel, verl_sdist_path):
+    """Why uvloop stays installed: verl's async rollout server imports vLLM's api_server, which imports uvloop."""
+    import ast
+    import tarfile
+    import zipfile
+
+    def top_imports(source: str) -> set[str]:
+        names = set()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        return names
+
+    with zipfile.ZipFile(vllm_wheel) as zf:
+        assert "uvloop" in top_imports(zf.read("vllm/entrypoints/openai/api_server.py").decode())
+    with tarfile.open(verl_sdist_path) as tf:
+        [member] = [
+            m
+            for m in tf.getmembers()
+            if m.name.endswith("verl/workers/rollout/vllm_rollout/vllm_async_server.py")
+        ]
+        server = tf.extractfile(member).read().decode()
+    assert "vllm.entrypoints.openai.api_server" in top_imports(server)
 
 
 def pin_pattern(name: str, version: str) -> re.Pattern:
