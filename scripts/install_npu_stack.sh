@@ -61,9 +61,12 @@ pip_c sympy
 pip_c gguf
 pip_c compressed-tensors
 
-# vllm-ascend needs vllm's Python package only; VLLM_TARGET_DEVICE=empty skips vllm's own kernels
-# when pip has to build it from source (no wheel for the host's platform).
-run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" vllm
+# vllm-ascend needs vllm's Python package only, built from source with VLLM_TARGET_DEVICE=empty as
+# vLLM-Ascend's build-from-source steps do (docs/source/installation.md at v0.13.0): no kernels, and
+# requirements/common.txt, which has no torch (the build itself pulls a torch into pip's build env).
+# --no-binary: PyPI's vllm wheels (x86_64 and aarch64) require the CUDA torch 2.9.0, which the torch
+# pin refuses, and pip does not fall back to the sdist by itself (ResolutionImpossible).
+run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" --no-binary vllm vllm
 pip_c vllm-ascend
 
 # The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared

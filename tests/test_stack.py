@@ -313,6 +313,51 @@ def test_verl_async_server_needs_uvloop_through_vllm(vllm_wheel, verl_sdist_path
     assert "vllm.entrypoints.openai.api_server" in top_imports(server)
 
 
+def _exact_requirements(wheel: Path) -> dict[str, str]:
+    """Normalised name -> version of a wheel's unconditional `name==version` requirements."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        [name] = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(name).decode().splitlines()
+    exact = {}
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            specs = list(req.specifier)
+            if req.marker is None and len(specs) == 1 and specs[0].operator == "==":
+                exact[check_stack._norm(req.name)] = specs[0].version
+    return exact
+
+
+@pytest.fixture(scope="module")
+def vllm_ascend_wheel_path() -> Path:
+    import artifacts
+
+    try:
+        return artifacts.vllm_ascend_wheel()
+    except artifacts.DownloadError as exc:
+        pytest.skip(f"vllm-ascend wheel unavailable: {exc}")
+
+
+def test_vllm_ascend_exact_requirements_agree_with_the_pins(vllm_ascend_wheel_path):
+    """pip -c fails outright when a pin and an exact requirement differ (torch_npu 2.8.0 vs 2.8.0.post2)."""
+    pins = {check_stack._norm(n): v for n, v in check_stack.read_pins(CONSTRAINTS)}
+    exact = _exact_requirements(vllm_ascend_wheel_path)
+    assert {"torch", "torch-npu"} <= set(exact)
+    assert {n: v for n, v in exact.items() if n in pins and pins[n] != v} == {}
+
+
+def test_vllm_is_built_from_source_when_its_wheel_wants_another_torch(vllm_wheel):
+    """PyPI's vllm wheel pins its CUDA torch; under the torch pin only the sdist (target empty) resolves."""
+    torch_pin = dict(check_stack.read_pins(CONSTRAINTS))["torch"]
+    assert _exact_requirements(vllm_wheel)["torch"] != torch_pin
+    [cmd] = [c for c in _installer_commands() if c.endswith(" vllm")]
+    assert "VLLM_TARGET_DEVICE=empty" in cmd and "--no-binary vllm" in cmd
+
+
 def pin_pattern(name: str, version: str) -> re.Pattern:
     """name==version, name~=version, name:version or name@version; '-' and '_' alike, any case."""
     name_re = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", name))
