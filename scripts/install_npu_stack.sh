@@ -4,13 +4,17 @@
 #      resolved under constraints.txt, and tensorboard (the launchers' default logger);
 #   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
-#   3. pip uninstall uvloop (it breaks Ray's asyncio loop; requirements may pull it back in);
-#   4. vllm, then vllm-ascend;
+#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version constraints.txt pins;
+#   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
+#      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
-#   6. scripts/check_stack.py: fails when any installed version is off constraints.txt.
-# Every version comes from constraints.txt (pip -c); none is written here.
+#   6. scripts/check_stack.py --recipe: fails when any installed version or commit is off the pins.
+# Every version and commit comes from constraints.txt (pip -c, check_stack.py --git-source); none is
+# written here. The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must
+# stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
 #
 #   bash scripts/install_npu_stack.sh [--recipe qwen2_5|deepseek_r1] [--verl-dir DIR] [--dry-run]
+#   MINDSPEED_DIR (default llm_rl/<recipe>/MindSpeed): where MindSpeed is cloned (git-ignored)
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -22,11 +26,12 @@ while [ $# -gt 0 ]; do
     --recipe) RECIPE="${2:?--recipe needs a name}"; shift 2 ;;
     --verl-dir) VERL_DIR="${2:?--verl-dir needs a folder}"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install_npu_stack.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
   esac
 done
 VERL_DIR="${VERL_DIR:-$REPO_DIR/llm_rl/$RECIPE/verl}"
+MINDSPEED_DIR="${MINDSPEED_DIR:-$REPO_DIR/llm_rl/$RECIPE/MindSpeed}"
 PYTHON="${PYTHON:-python3}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 C="$REPO_DIR/constraints.txt"
@@ -56,12 +61,35 @@ pip_c sympy
 pip_c gguf
 pip_c compressed-tensors
 
-run "$PYTHON" -m pip uninstall -y uvloop
-
-# vllm-ascend needs vllm's Python package only; VLLM_TARGET_DEVICE=empty skips vllm's own kernels
-# when pip has to build it from source (no wheel for the host's platform).
-run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" vllm
+# vllm-ascend needs vllm's Python package only, built from source with VLLM_TARGET_DEVICE=empty as
+# vLLM-Ascend's build-from-source steps do (docs/source/installation.md at v0.13.0): no kernels, and
+# requirements/common.txt, which has no torch (the build itself pulls a torch into pip's build env).
+# --no-binary: PyPI's vllm wheels (x86_64 and aarch64) require the CUDA torch 2.9.0, which the torch
+# pin refuses, and pip does not fall back to the sdist by itself (ResolutionImpossible).
+run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" --no-binary vllm vllm
 pip_c vllm-ascend
 
+# The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
+# deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check
+# out the pinned commit, pip install -e (MindSpeed's documented install), its deps under the pins.
+EXTRAS="$("$PYTHON" scripts/check_stack.py --constraints "$C" --recipe "$RECIPE" --list-extras)"
+for name in $EXTRAS; do
+  case "$name" in
+    megatron-core) pip_c --no-deps megatron-core ;;
+    mindspeed)
+      src="$("$PYTHON" scripts/check_stack.py --constraints "$C" --git-source mindspeed)"
+      read -r url commit <<<"$src"
+      if [ -d "$MINDSPEED_DIR/.git" ]; then
+        run git -C "$MINDSPEED_DIR" fetch --quiet origin
+      else
+        run git clone --quiet "$url" "$MINDSPEED_DIR"
+      fi
+      run git -C "$MINDSPEED_DIR" checkout --quiet --detach "$commit"
+      pip_c -e "$MINDSPEED_DIR"
+      ;;
+    *) pip_c "$name" ;;
+  esac
+done
+
 run "$PYTHON" -m pip install --disable-pip-version-check --no-deps -e "$VERL_DIR"
-run "$PYTHON" scripts/check_stack.py --constraints "$C"
+run "$PYTHON" scripts/check_stack.py --constraints "$C" --recipe "$RECIPE"
