@@ -1061,7 +1061,8 @@ def _run(args: argparse.Namespace) -> int:
             recipe = with_overlay(recipe, args.overlay)
         _say(f"{recipe.name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches, in order:")
         for patch in recipe.series:
-            _say(f"  {patch.relative_to(REPO) if patch.is_relative_to(REPO) else patch}")
+            rel = patch.relative_to(REPO) if patch.is_relative_to(REPO) else patch
+            _say(f"  {patchdoc.patch_id(patch) or '-':<12} {rel}")
         return EXIT_OK
     if args.command == "list":
         for name in recipe_names():

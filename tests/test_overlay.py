@@ -364,7 +364,9 @@ def test_list_takes_a_recipe_as_the_readme_shows():
     lines = proc.stdout.splitlines()
     series = overlay.load_recipe("qwen2_5").series
     assert lines[0] == f"qwen2_5: verl 0.6.0, {len(series)} patches, in order:"
-    assert [ln.strip() for ln in lines[1:]] == [str(p.relative_to(overlay.REPO)) for p in series]
+    rows = [ln.split() for ln in lines[1:]]
+    assert [r[1] for r in rows] == [str(p.relative_to(overlay.REPO)) for p in series]
+    assert [r[0] for r in rows] == [p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in series]
     assert cli("list", "no_such_recipe").returncode == 2
 
 
