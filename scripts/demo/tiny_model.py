@@ -108,24 +108,34 @@ def make_tiny_checkpoint(
 
 
 def bundled_checkpoint(
-    out_dir: Path, seed: int, warm_start_steps: int, shape: TinyShape = TinyShape(), log=print
+    out_dir: Path,
+    seed: int,
+    warm_start_steps: int,
+    shape: TinyShape = TinyShape(),
+    log=print,
+    rows: list[dict] | None = None,
+    warm_rows: list[dict] | None = None,
+    warm_lr: float = 5e-3,
 ) -> Path:
-    """The tiny model the demo and make e2e start from: a tokenizer trained on the bundled problems (their
-    prompts as the chat template renders them, solutions and target responses), warm-started on the train split."""
+    """The tiny model the demos and make e2e start from: a tokenizer trained on the problems (rows, default the
+    bundled ones: their prompts as the chat template renders them, solutions and target responses), warm-started
+    on warm_rows (default: the train split of rows)."""
     from demo import problems, warm_start
 
-    bundled = problems.load_problems()
+    rows = problems.load_problems() if rows is None else rows
+    train = [p for p in rows if p["split"] == "train"] if warm_rows is None else warm_rows
     template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
+    # Every answer the warm start teaches is in the tokenizer's corpus too (the misread key's, in the demo).
+    answers = [*rows, *(warm_rows or [])]
     texts = (
-        problems.render_prompts(bundled, template)
-        + [p["solution"] for p in bundled]
-        + [warm_start.target_response(p["solution"]) for p in bundled]
+        problems.render_prompts(rows, template)
+        + [p["solution"] for p in answers]
+        + [warm_start.target_response(p["solution"]) for p in answers]
     )
-    train = [p for p in bundled if p["split"] == "train"]
 
     def prepare(model, tokenizer) -> None:
         if warm_start_steps:
-            log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
-            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
+            log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train examples")
+            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed, lr=warm_lr, log=log)
 
     return make_tiny_checkpoint(out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare)
