@@ -287,6 +287,16 @@ def add_prompt_options(
     )
 
 
+def prompt_settings(args: argparse.Namespace) -> dict:
+    """add_prompt_options' values as the keyword arguments every data script's convert() takes."""
+    return {
+        "instruction": args.instruction,
+        "system_prompt": FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
+        "data_source": args.data_source,
+        "dry_run": args.dry_run,
+    }
+
+
 def write_or_report(tables: Mapping[Path, list[dict]], dry_run: bool, log) -> None:
     """Write every table atomically, or in a dry run only say what would be written."""
     names = ", ".join(str(p) for p in tables)

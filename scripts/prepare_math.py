@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datautil import (
-    FORMAT_SYSTEM_PROMPT,
     MATH_INSTRUCTION,
     DataError,
     add_prompt_options,
     last_boxed,
     make_row,
+    prompt_settings,
     run_cli,
     write_or_report,
 )
@@ -220,10 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     convert(
         args.input_dir,
         args.output_dir,
-        instruction=args.instruction,
-        system_prompt=FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
-        data_source=args.data_source,
-        dry_run=args.dry_run,
+        **prompt_settings(args),
     )
     return 0
 

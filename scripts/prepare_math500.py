@@ -31,6 +31,7 @@ from datautil import (
     add_prompt_options,
     last_boxed,
     make_row,
+    prompt_settings,
     run_cli,
     write_or_report,
 )
@@ -214,17 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from datautil import FORMAT_SYSTEM_PROMPT
-
     args = build_parser().parse_args(argv)
     convert(
         args.math500,
         args.output,
         match_in=args.match_in,
-        instruction=args.instruction,
-        system_prompt=FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
-        data_source=args.data_source,
-        dry_run=args.dry_run,
+        **prompt_settings(args),
     )
     return 0
 
