@@ -117,3 +117,23 @@ def test_short_demo_writes_the_summary_and_scores_every_answer(e2e_python, tmp_p
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "held-out accuracy (greedy, 64 problems never trained on)" in proc.stdout
     assert "wall time" in proc.stdout and "peak memory" in proc.stdout
+
+
+def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
+    import demo_learn
+
+    assert demo_learn.quarter_means([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.8, 1.0]) == pytest.approx((0.05, 0.9))
+    assert demo_learn.quarter_means([0.2, 0.4]) == (0.2, 0.4)
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    (rollouts / "1.jsonl").write_text('{"output": "x", "score": 1.0}\n{"output": "y", "score": 0.0}\n')
+    (rollouts / "2.jsonl").write_text('{"output": "x", "score": 1.0}\n{"output": "y"}\n')
+    counts = demo_learn.rollout_counts(rollouts)
+    assert counts == {1: {"answers": 2, "scored": 2}, 2: {"answers": 2, "scored": 1}}
+    args = demo_learn.parse_args(["--prompts", "1", "--n", "2", "--out", str(tmp_path)])
+    report = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.5}}
+    rows = [{"critic/score/mean": 0.25}, {"critic/score/mean": 0.75}]
+    summary = demo_learn.summarise(args, rows, report, report, counts, {"setup": 9.0, "train": 3.0}, 1.5)
+    assert summary["every_answer_scored"] is False
+    assert (summary["train_reward_first_quarter"], summary["train_reward_last_quarter"]) == (0.25, 0.75)
+    assert summary["wall_s"] == 3.0 and summary["peak_rss_mib"] == 1536
