@@ -54,12 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=REPO / "demo_out", help="output folder (default: demo_out/)"
     )
-    parser.add_argument("--steps", type=int, default=16, help="GRPO steps (default: %(default)s)")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=12, help="GRPO steps (default: %(default)s)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default: %(default)s)")
     parser.add_argument(
         "--n", type=int, default=8, help="answers per prompt, GRPO's group (default: %(default)s)"
     )
-    parser.add_argument("--lr", type=float, default=2e-4, help="actor lr (default: %(default)s)")
+    parser.add_argument("--lr", type=float, default=4e-4, help="actor lr (default: %(default)s)")
     parser.add_argument(
         "--heldout", type=int, default=64, help="held-out problems, never trained on (default: %(default)s)"
     )
