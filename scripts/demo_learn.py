@@ -40,7 +40,7 @@ PANELS = (
     ("reward and held-out accuracy", ("critic/score/mean", "reward_extra/accuracy/mean")),
     ("reward components", ("reward_extra/format/mean", "reward_extra/cot/mean")),
     ("policy loss", ("actor/pg_loss",)),
-    ("KL to reference, entropy", ("actor/kl_loss", "actor/entropy")),
+    ("entropy (KL to reference when its loss is on)", ("actor/entropy", "actor/kl_loss")),
     ("response length (tokens)", ("response_length/mean",)),
     ("grad norm", ("actor/grad_norm",)),
 )
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     t = summary["timing_s"]
     print(
         f"{PREFIX}: wall time {summary['wall_s']:.0f} s (held-out before {t['eval_before']:.0f} s, GRPO {t['train']:.0f} s, "
-        f"after {t['eval_after']:.0f} s; set-up {t['setup']:.0f} s not counted), peak memory "
+        f"after {t['eval_after']:.0f} s; set-up {t['setup']:.0f} s not counted, 0 when reused), peak memory "
         f"{summary['peak_rss_mib']} MiB (all processes); wrote {args.out / 'summary.json'}{plotted}"
     )
     return e2e.EXIT_OK if summary["every_answer_scored"] else e2e.EXIT_FAIL
