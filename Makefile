@@ -1,10 +1,11 @@
 # Entry points. Each target sets up .venv first (scripts/setup_dev.sh, idempotent).
 PY := .venv/bin/python
 
-.PHONY: help setup test demo dry-run lint e2e e2e-setup
+.PHONY: help setup test demo demo-inprocess dry-run lint e2e e2e-setup
 
 help:
-	@echo "make demo     run a few GRPO steps of the Qwen2.5 recipe on CPU (tiny model; patched verl 0.6.0)"
+	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU: a tiny model learns, held-out before/after"
+	@echo "make demo-inprocess  the older in-process GRPO loop (.venv only, no vLLM; --compare shows the old-log-prob skip)"
 	@echo "make test     run the test suite (what CI runs)"
 	@echo "make e2e      the recipe's real launch path on CPU: main_ppo + vLLM CPU build, sync/async/resume"
 	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; ~7 GB, once per machine)"
@@ -18,7 +19,11 @@ setup:
 test: setup
 	$(PY) -m pytest
 
-demo: setup
+# DEMO_ARGS passes options to scripts/demo_learn.py (e.g. DEMO_ARGS="--steps 8").
+demo: e2e-setup
+	.venv-e2e/bin/python scripts/demo_learn.py $(DEMO_ARGS)
+
+demo-inprocess: setup
 	$(PY) scripts/demo_grpo.py
 
 e2e-setup: setup

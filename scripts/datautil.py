@@ -115,14 +115,24 @@ def make_row(
     index: int,
     instruction: str = MATH_INSTRUCTION,
     system_prompt: str | None = None,
+    level: str | None = None,
+    subject: str | None = None,
+    unique_id: str | None = None,
 ) -> dict:
-    """One verl RL row (the schema verl's RLHFDataset and reward manager read)."""
+    """One verl RL row (the schema verl's RLHFDataset and reward manager read); level, subject and
+    unique_id (MATH-500's) ride in extra_info for scripts/evaluate.py's breakdown."""
     return {
         "data_source": data_source,
         "prompt": build_messages(problem, instruction, system_prompt),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {"split": split, "index": int(index)},
+        "extra_info": {
+            "split": split,
+            "index": int(index),
+            "level": level,
+            "subject": subject,
+            "unique_id": unique_id,
+        },
     }
 
 
@@ -136,7 +146,18 @@ def row_schema():
             ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
             ("ability", pa.string()),
             ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-            ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", pa.string()),
+                        ("index", pa.int64()),
+                        ("level", pa.string()),
+                        ("subject", pa.string()),
+                        ("unique_id", pa.string()),
+                    ]
+                ),
+            ),
         ]
     )
 
@@ -264,6 +285,16 @@ def add_prompt_options(
     parser.add_argument(
         "--dry-run", action="store_true", help="read and convert, print the summary, write nothing"
     )
+
+
+def prompt_settings(args: argparse.Namespace) -> dict:
+    """add_prompt_options' values as the keyword arguments every data script's convert() takes."""
+    return {
+        "instruction": args.instruction,
+        "system_prompt": FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
+        "data_source": args.data_source,
+        "dry_run": args.dry_run,
+    }
 
 
 def write_or_report(tables: Mapping[Path, list[dict]], dry_run: bool, log) -> None:

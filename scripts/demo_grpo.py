@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps to run (default: %(default)s)")
     parser.add_argument(
-        "--out", type=Path, default=REPO / "demo_out", help="output folder (default: demo_out/)"
+        "--out",
+        type=Path,
+        default=REPO / "demo_out" / "inprocess",
+        help="output folder (default: demo_out/inprocess/)",
     )
     parser.add_argument(
         "--verl-tree",

@@ -135,21 +135,30 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     sys.path.insert(0, str(REPO / "scripts"))
     from demo import problems, tiny_model
 
+    def build(model_dir: Path, data_dir: Path) -> None:
+        problems.prepare(data_dir, log=lambda msg: None)
+        shape = tiny_model.TinyShape(**MODEL_SHAPE)
+        tiny_model.bundled_checkpoint(
+            model_dir, seed, warm_start_steps, shape, log=lambda m: print(f"e2e: {m}")
+        )
+
+    want = {"shape": MODEL_SHAPE, "warm_start_steps": warm_start_steps, "seed": seed}
+    return cached_inputs(out, want, build, "e2e")
+
+
+def cached_inputs(out: Path, want: dict, build, prefix: str) -> tuple[Path, Path]:
+    """out/model and out/data as build(model_dir, data_dir) makes them, reused while out/inputs.json equals want."""
     data_dir, model_dir = out / "data", out / "model"
     stamp = out / "inputs.json"
-    want = {"shape": MODEL_SHAPE, "warm_start_steps": warm_start_steps, "seed": seed}
     have = json.loads(stamp.read_text()) if stamp.is_file() else None
     if have == want and (model_dir / "config.json").is_file() and (data_dir / "train.parquet").is_file():
-        print(f"e2e: inputs: reusing {model_dir} and {data_dir}")
+        print(f"{prefix}: inputs: reusing {model_dir} and {data_dir}")
         return model_dir, data_dir
     for stale in (data_dir, model_dir, stamp):
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
-    problems.prepare(data_dir, log=lambda msg: None)
-    tiny_model.bundled_checkpoint(
-        model_dir, seed, warm_start_steps, tiny_model.TinyShape(**MODEL_SHAPE), log=lambda m: print(f"e2e: {m}")
-    )
+    build(model_dir, data_dir)
     stamp.write_text(json.dumps(want) + "\n")
-    print(f"e2e: inputs: {model_dir} (tiny Qwen2, head_dim 32), {data_dir} (prepare_math.py)")
+    print(f"{prefix}: inputs: {model_dir} (tiny Qwen2, head_dim 32), {data_dir} (prepare_math.py)")
     return model_dir, data_dir
 
 
@@ -185,7 +194,9 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def launcher_env(name: str, out: Path, model_dir: Path, data_dir: Path, disable_sync: bool) -> dict[str, str]:
+def launcher_env(
+    name: str, out: Path, model_dir: Path, data_dir: Path, disable_sync: bool, prefix: str = "e2e"
+) -> dict[str, str]:
     env = dict(os.environ)
     run_dir = out / name
     env.update(
@@ -194,7 +205,7 @@ def launcher_env(name: str, out: Path, model_dir: Path, data_dir: Path, disable_
         DATA_DIR=str(data_dir),
         LOG_DIR=str(run_dir),
         CKPT_DIR=str(run_dir / "ckpt"),
-        RUN_NAME=f"e2e_{name}",
+        RUN_NAME=f"{prefix}_{name}",
         VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
         PYTHONUNBUFFERED="1",
     )
@@ -261,18 +272,26 @@ def _reap(proc: subprocess.Popen) -> None:
         pass
 
 
-def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) -> RunResult:
-    """One launcher run; its output goes to <out>/<name>/launcher.log, step lines to the terminal."""
+def launch(
+    name: str,
+    args: argparse.Namespace,
+    model_dir: Path,
+    data_dir: Path,
+    overrides: list[str] | None = None,
+    prefix: str = "e2e",
+) -> RunResult:
+    """One launcher run (overrides: run_overrides' by default); its output goes to <out>/<name>/launcher.log,
+    step lines to the terminal. args needs out, timeout and disable_weight_sync."""
     out = args.out
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     if name == "resume":
         seed_resume(out)
-    env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync)
-    cmd = ["bash", str(LAUNCHER), "--cpu", *run_overrides(name, args)]
+    env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync, prefix)
+    cmd = ["bash", str(LAUNCHER), "--cpu", *(run_overrides(name, args) if overrides is None else overrides)]
     log_path = run_dir / "launcher.log"
-    print(f"e2e: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
+    print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
@@ -296,10 +315,10 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
                 if "step:" in line and "training/" in line:  # verl's console line: a step is logged
                     rows = read_metrics(run_dir / "metrics.jsonl")
                     for row in rows[shown:]:
-                        print(f"e2e: {name}: {step_line(row)}", flush=True)
+                        print(f"{prefix}: {name}: {step_line(row)}", flush=True)
                     shown = len(rows)
                 elif line.startswith("preflight: error") or "Error executing job" in line:
-                    print(f"e2e: {name}: {line.strip()[:300]}", flush=True)
+                    print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
             rc = proc.wait()
         finally:
             timer.cancel()
@@ -314,7 +333,7 @@ def launch(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path)
     if not rows:
         raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
     resumed_from = resumed_step(log_path)
-    print(f"e2e: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
+    print(f"{prefix}: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
     return RunResult(name, wall, peak, rows, resumed_from)
 
 

@@ -465,7 +465,9 @@ def _upstream(header: Header) -> str:
     parts += [f"[bug]({bug})" for bug in header.values("Bug")]
     applied = header.get("Applied-Upstream")
     if applied:
-        parts.append(f"[applied upstream]({applied})" if URL.match(applied) else f"applied upstream: {applied}")
+        parts.append(
+            f"[applied upstream]({applied})" if URL.match(applied) else f"applied upstream: {applied}"
+        )
     return "; ".join(parts)
 
 

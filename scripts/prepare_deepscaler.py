@@ -24,6 +24,7 @@ from datautil import (
     last_boxed,
     load_json,
     make_row,
+    prompt_settings,
     run_cli,
     write_or_report,
 )
@@ -190,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         args.output_dir,
         test_size=args.test_size,
         seed=args.seed,
-        instruction=args.instruction,
-        system_prompt=FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
-        data_source=args.data_source,
-        dry_run=args.dry_run,
+        **prompt_settings(args),
     )
     return 0
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datautil import (
-    FORMAT_SYSTEM_PROMPT,
     MATH_INSTRUCTION,
     DataError,
     add_prompt_options,
     last_boxed,
     make_row,
+    prompt_settings,
     run_cli,
     write_or_report,
 )
@@ -30,6 +30,8 @@ from datautil import (
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 SPLITS = ("train", "test")
 REQUIRED_COLUMNS = ("problem", "solution")
+# Carried into extra_info (level, subject) when the files have them, for scripts/evaluate.py's breakdown.
+OPTIONAL_COLUMNS = ("level", "type")
 
 
 @dataclass
@@ -80,6 +82,18 @@ def _is_text(arrow_type) -> bool:
     )
 
 
+def present_columns(path: Path, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of columns that path's schema has (an unreadable file is reported by read_columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError):
+        return ()
+    return tuple(c for c in columns if c in names)
+
+
 def read_columns(path: Path, columns: tuple[str, ...]) -> dict[str, list]:
     """The named columns of one parquet file as Python lists, or DataError naming what is wrong."""
     import pyarrow as pa
@@ -93,7 +107,11 @@ def read_columns(path: Path, columns: tuple[str, ...]) -> dict[str, list]:
                 f"{path} lacks column(s) {', '.join(missing)} (has {', '.join(schema.names)}); "
                 "is this the MATH-lighteval dataset?"
             )
-        not_text = [f"{c} is {schema.field(c).type}" for c in columns if not _is_text(schema.field(c).type)]
+        not_text = [
+            f"{c} is {schema.field(c).type}"
+            for c in columns
+            if c in REQUIRED_COLUMNS and not _is_text(schema.field(c).type)
+        ]
         if not_text:
             raise DataError(
                 f"{path}: column {', '.join(not_text)}, not text; MATH-lighteval's columns are strings, "
@@ -130,9 +148,13 @@ def convert(
         st = stats.splits[split] = SplitStats(files=len(files[split]))
         rows: list[dict] = []
         for path in files[split]:
-            cols = read_columns(path, REQUIRED_COLUMNS)
+            cols = read_columns(path, REQUIRED_COLUMNS + present_columns(path, OPTIONAL_COLUMNS))
             log(f"read {path}: {len(cols['problem'])} rows")
-            for problem, solution in zip(cols["problem"], cols["solution"], strict=True):
+            n = len(cols["problem"])
+            levels, kinds = cols.get("level", [None] * n), cols.get("type", [None] * n)
+            for problem, solution, level, kind in zip(
+                cols["problem"], cols["solution"], levels, kinds, strict=True
+            ):
                 index = st.rows
                 st.rows += 1
                 if not problem or not str(problem).strip():
@@ -151,6 +173,8 @@ def convert(
                         index=index,
                         instruction=instruction,
                         system_prompt=system_prompt,
+                        level=str(level) if level is not None else None,
+                        subject=str(kind) if kind is not None else None,
                     )
                 )
         st.written = len(rows)
@@ -196,10 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     convert(
         args.input_dir,
         args.output_dir,
-        instruction=args.instruction,
-        system_prompt=FORMAT_SYSTEM_PROMPT if args.system_prompt else None,
-        data_source=args.data_source,
-        dry_run=args.dry_run,
+        **prompt_settings(args),
     )
     return 0
 

@@ -1,4 +1,4 @@
-"""The CPU GRPO demo (scripts/demo_grpo.py): two real steps through verl's own components, both old-log-prob modes."""
+"""The in-process GRPO demo (scripts/demo_grpo.py, `make demo-inprocess`): two real steps through verl's own components, both old-log-prob modes."""
 
 from __future__ import annotations
 

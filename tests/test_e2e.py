@@ -1,7 +1,7 @@
 """The recipe's real launch path on CPU (`make e2e`): main_ppo, Ray, FSDP2 on gloo, verl's vLLM rollout.
 
 Needs the e2e environment (vLLM 0.13.0's CPU build with torch 2.9.1, scripts/setup_e2e.sh): the
-fixture builds it when absent (once per machine, ~8 minutes) and skips with the reason only when the
+e2e_python fixture (conftest.py) builds it when absent (once per machine, ~8 minutes) and skips with the reason only when the
 package index cannot be reached. The runs go through the recipe's launcher with its CPU profile.
 The environment comes from the e2e_python fixture (conftest.py).
 """

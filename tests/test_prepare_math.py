@@ -86,12 +86,21 @@ def test_convert_writes_verl_rows(math_dir, tmp_path):
     rows = table.to_pylist()
     kept = [(i, r) for i, r in enumerate(TRAIN) if r[2] is not None]
     assert [row["reward_model"] for row in rows] == [{"style": "rule", "ground_truth": r[2]} for _, r in kept]
-    assert [row["extra_info"] for row in rows] == [{"split": "train", "index": i} for i, _ in kept]
+    assert [row["extra_info"] for row in rows] == [
+        {"split": "train", "index": i, "level": "Level 1", "subject": "Algebra", "unique_id": None}
+        for i, _ in kept
+    ]
     assert rows[0]["prompt"] == [{"role": "user", "content": f"What is $2+3$?\n\n{MATH_INSTRUCTION}"}]
     assert {row["data_source"] for row in rows} == {"DigitalLearningGmbH/MATH-lighteval"}
     assert {row["ability"] for row in rows} == {"math"}
     test_rows = pq.read_table(out / "test.parquet").to_pylist()
-    assert test_rows[0]["extra_info"] == {"split": "test", "index": 0}
+    assert test_rows[0]["extra_info"] == {
+        "split": "test",
+        "index": 0,
+        "level": "Level 1",
+        "subject": "Algebra",
+        "unique_id": None,
+    }
 
 
 def test_output_loads_in_verl_rlhf_dataset(math_dir, tmp_path, monkeypatch):

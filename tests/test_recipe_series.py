@@ -22,8 +22,6 @@ def _series(name: str, with_overlay: str | None):
     return overlay.with_overlay(recipe, with_overlay) if with_overlay else recipe
 
 
-
-
 def test_both_recipes_have_manifests():
     assert {"qwen2_5", "deepseek_r1"} <= set(RECIPES)
 

@@ -29,11 +29,11 @@ def write_lighteval_dir(problems: list[dict], raw_dir: Path) -> Path:
     return raw_dir
 
 
-def prepare(out_dir: Path, log=print) -> dict[str, Path]:
-    """Bundled problems -> raw parquet -> prepare_math.convert -> {split: verl parquet path}."""
+def prepare(out_dir: Path, log=print, rows: list[dict] | None = None) -> dict[str, Path]:
+    """Problems (default: the bundled ones) -> raw parquet -> prepare_math.convert -> {split: verl parquet path}."""
     import prepare_math
 
-    raw = write_lighteval_dir(load_problems(), out_dir / "raw")
+    raw = write_lighteval_dir(load_problems() if rows is None else rows, out_dir / "raw")
     stats = prepare_math.convert(raw, out_dir, log=log)
     return dict(stats.outputs)
 

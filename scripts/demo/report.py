@@ -66,8 +66,15 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_curves(rows: list[dict], path: Path, title: str) -> Path:
-    """A small PNG of reward, loss, KL, response length and the GRPO signal over steps."""
+def plot_curves(
+    rows: list[dict],
+    path: Path,
+    title: str,
+    panels: tuple = PANELS,
+    marks: list[tuple[int, str, float, float]] = (),
+) -> Path:
+    """A small PNG of the panels' metrics over steps (default: reward, loss, KL, response length, GRPO
+    signal); marks are (panel index, label, step, value) points drawn on top, e.g. held-out accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,12 +82,15 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> Path:
 
     steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(2, 3, figsize=(11, 5.5), dpi=100)
-    for ax in axes.flat[len(PANELS) :]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    for ax, (panel, keys) in zip(axes.flat, PANELS, strict=False):
+    for i, (ax, (panel, keys)) in enumerate(zip(axes.flat, panels, strict=False)):
         for key in keys:
             if any(key in r for r in rows):
                 ax.plot(steps, [r.get(key, math.nan) for r in rows], marker="o", ms=3, label=key)
+        for _, label, x, y in (m for m in marks if m[0] == i):
+            ax.plot([x], [y], marker="*", ms=12, linestyle="none", label=label)
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7)
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -112,3 +122,16 @@ def children_rss_mb() -> tuple[int, float]:
         except psutil.Error:
             pass
     return len(kids), total / (1024 * 1024)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m demo.report SPEC.json: plot_curves from a JSON spec (rows, path, title, panels, marks), for a
+    caller whose own environment has no matplotlib (the e2e environment)."""
+    spec = json.loads(Path((argv or sys.argv[1:])[0]).read_text(encoding="utf-8"))
+    panels = tuple((title, tuple(keys)) for title, keys in spec["panels"])
+    plot_curves(spec["rows"], Path(spec["path"]), spec["title"], panels, [tuple(m) for m in spec["marks"]])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

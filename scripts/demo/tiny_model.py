@@ -112,34 +112,43 @@ def make_tiny_checkpoint(
 
 
 def bundled_checkpoint(
-    out_dir: Path, seed: int, warm_start_steps: int, shape: TinyShape = TinyShape(), log=print
+    out_dir: Path,
+    seed: int,
+    warm_start_steps: int,
+    shape: TinyShape = TinyShape(),
+    log=print,
+    rows: list[dict] | None = None,
+    warm_rows: list[dict] | None = None,
+    warm_lr: float = 5e-3,
 ) -> Path:
-    """The tiny model the demo and make e2e start from: a tokenizer trained on the bundled problems (their
-    prompts as the chat template renders them, solutions and target responses), warm-started on the train split."""
+    """The tiny model the demos and make e2e start from: a tokenizer trained on the problems (rows, default the
+    bundled ones: their prompts as the chat template renders them, solutions and target responses), warm-started
+    on warm_rows (default: the train split of rows)."""
     from demo import problems, warm_start
 
-    bundled = problems.load_problems()
-    train = [p for p in bundled if p["split"] == "train"]
+    rows = problems.load_problems() if rows is None else rows
+    train = [p for p in rows if p["split"] == "train"] if warm_rows is None else warm_rows
 
     def prepare(model, tokenizer) -> None:
         if warm_start_steps:
-            log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train problems")
-            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed)
+            log(f"warm start: {warm_start_steps} supervised steps on {len(train)} train examples")
+            warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed, lr=warm_lr, log=log)
 
-    return make_tiny_checkpoint(
-        out_dir, bundled_texts(), RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare
-    )
+    texts = bundled_texts(rows, warm_rows)
+    return make_tiny_checkpoint(out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare)
 
 
-def bundled_texts() -> list[str]:
-    """What the tiny tokenizers are trained on: the bundled problems' prompts as the chat template renders
-    them, their solutions and the warm start's target responses."""
+def bundled_texts(rows: list[dict] | None = None, extra_answers: list[dict] | None = None) -> list[str]:
+    """What the tiny tokenizers are trained on: the problems' prompts (default the bundled ones) as the chat
+    template renders them, their solutions and the warm start's target responses; extra_answers' solutions and
+    targets too (every answer a warm start teaches is in the corpus: the misread key's, in the demo)."""
     from demo import problems, warm_start
 
-    bundled = problems.load_problems()
+    rows = problems.load_problems() if rows is None else rows
     template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]
+    answers = [*rows, *(extra_answers or [])]
     return (
-        problems.render_prompts(bundled, template)
-        + [p["solution"] for p in bundled]
-        + [warm_start.target_response(p["solution"]) for p in bundled]
+        problems.render_prompts(rows, template)
+        + [p["solution"] for p in answers]
+        + [warm_start.target_response(p["solution"]) for p in answers]
     )
