@@ -19,7 +19,9 @@ What it does:
    loaded into Hugging Face's DeepseekV3ForCausalLM (strict: every tensor named and shaped as HF's own);
    MegatronPPOActor.compute_log_prob on the rank's half of a batch must equal HF's log-probs of the same
    responses; HF holding the export with two routed experts swapped must not (the negative control);
-5. one MegatronPPOActor.update_policy without old_log_probs (the skip, patch shared-0101's Megatron branch);
+5. one update by the worker's own ActorRolloutRefWorker.update_actor after the worker's offload (the launcher's
+   param/grad/optimizer offload with explicit offload, ds-0004), without old_log_probs or a temperature in the
+   batch (the skip, patch shared-0101's Megatron branch);
    the export must then differ from the first, and the actor's new log-probs must equal HF's with it;
 6. the export with rollout.expert_reshard=alltoallv (patch ds-0006): every rank must receive, bit for bit,
    exactly the routed experts the rollout's EP rank keeps, and everything else as the all-gather export has it.
@@ -65,6 +67,13 @@ CONFIG_OVERRIDES = [
     "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.actor.optim.lr=1e-2",
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0",
+    "actor_rollout_ref.actor.optim.total_training_steps=1",  # main_ppo fills it in; the LR scheduler needs it
+    # the DeepSeek launcher's offload: actor parameters, gradients and optimizer off the device between phases,
+    # with the rollout's explicit offload (patch ds-0004: update_actor then leaves the parameters resident)
+    "actor_rollout_ref.actor.megatron.param_offload=True",
+    "actor_rollout_ref.actor.megatron.grad_offload=True",
+    "actor_rollout_ref.actor.megatron.optimizer_offload=True",
+    "actor_rollout_ref.rollout.explicit_offload=True",
     # fp32 parameters and optimizer, so that Megatron and HF agree to rounding
     "+actor_rollout_ref.actor.optim.override_optimizer_config.bf16=False",
     "+actor_rollout_ref.actor.optim.override_optimizer_config.params_dtype=float32",
@@ -297,6 +306,52 @@ def undo_fix(name: str) -> None:
         raise SystemExit(f"unknown fix {name!r}")
 
 
+def update_as_the_worker_does(cfg, hf_config, actor, module, optimizer, batch) -> dict:
+    """ActorRolloutRefWorker.update_actor run on this actor: the worker's method, called with the parts its
+    init_model makes (the actor, its modules, optimizer, LR scheduler, FLOPs counter) and the batch as the trainer
+    sends it with the old-log-prob pass skipped: no old_log_probs, no temperature, no micro-batch size."""
+    import types
+
+    from verl.utils.explicit_offload import actor_params_resident
+    from verl.utils.flops_counter import FlopsCounter
+    from verl.utils.megatron.optimizer import get_megatron_optimizer_param_scheduler
+    from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
+    from verl.workers.megatron_workers import ActorRolloutRefWorker
+
+    meg = cfg.actor.megatron
+    worker = types.SimpleNamespace(
+        _is_actor=True,
+        _is_offload_param=meg.param_offload,
+        _is_offload_optimizer=meg.optimizer_offload,
+        config=cfg,
+        actor=actor,
+        actor_module=module,
+        actor_optimizer=optimizer,
+        actor_optimizer_scheduler=get_megatron_optimizer_param_scheduler(optimizer, cfg.actor.optim),
+        flops_counter=FlopsCounter(hf_config),
+        world_size=WORLD,
+    )
+    before = {"resident_before_offload": actor_params_resident(module)}
+    if meg.param_offload:  # as init_model leaves the actor
+        offload_megatron_model_to_cpu(module)
+    if meg.optimizer_offload:
+        offload_megatron_optimizer(optimizer)
+    before["resident_after_offload"] = actor_params_resident(module)
+    sent = batch.select(batch_keys=list(batch.batch.keys()))
+    sent.meta_info = {"global_token_num": batch.batch["attention_mask"].sum(-1).tolist()}
+    assert "old_log_probs" not in sent.batch.keys()
+    t0 = time.perf_counter()
+    out = ActorRolloutRefWorker.update_actor(worker, sent)
+    metrics = out.meta_info["metrics"]
+    return {
+        **before,
+        "resident_after_update": actor_params_resident(module),
+        "update_s": round(time.perf_counter() - t0, 2),
+        "grad_norm": [float(x) for x in metrics["actor/grad_norm"]],
+        "metrics": sorted(metrics),
+    }
+
+
 def rank_main(rank: int, work: Path, undo: str | None) -> None:
     import datetime
 
@@ -372,13 +427,9 @@ def rank_main(rank: int, work: Path, undo: str | None) -> None:
         swapped[k], swapped[k5] = full_a[k5], full_a[k]
     result["gap_experts_swapped"] = gap(lp_a, hf_log_probs(hf_model_with(hf_config, swapped), batch), mask)
 
-    # one update without old_log_probs (recompute_old_log_prob=False)
-    assert "old_log_probs" not in batch.batch.keys()
-    t0 = time.perf_counter()
-    metrics = actor.update_policy(actor.make_minibatch_iterator(batch))
-    result["update_s"] = round(time.perf_counter() - t0, 2)
-    result["grad_norm"] = [float(x) for x in metrics["actor/grad_norm"]]
-    result["metrics"] = sorted(metrics)
+    # one update without old_log_probs (recompute_old_log_prob=False), by the worker's own update_actor, between
+    # the offloads the worker does (init_model offloads; rollout_mode would reshard from the resident parameters)
+    result.update(update_as_the_worker_does(cfg, hf_config, actor, module, optimizer, batch))
     full_b = export(actor, hf_config, tf_config, rollout_cfg, "allgather")
     result["tensors_moved"] = sum(not torch.equal(full_a[k], full_b[k]) for k in full_a)
     result["max_weight_change"] = max(float((full_a[k] - full_b[k]).abs().max()) for k in full_a)
@@ -417,6 +468,10 @@ def checks(ranks: list[dict]) -> dict[str, bool]:
         "every tensor named and shaped as HF's": all(r["hf_state_dict_keys_equal"] for r in ranks),
         "log-probs equal HF's": all(r["gap_initial"] <= LOGPROB_TOL for r in ranks),
         "swapped experts disagree": all(r["gap_experts_swapped"] >= CONTROL_MIN_GAP for r in ranks),
+        "offload emptied the parameters, update_actor brought them back": all(
+            r["resident_before_offload"] and not r["resident_after_offload"] and r["resident_after_update"]
+            for r in ranks
+        ),
         "the update moved the weights": all(r["tensors_moved"] > 0 for r in ranks),
         "updated log-probs equal HF's with the new export": all(
             r["gap_updated"] <= LOGPROB_TOL for r in ranks

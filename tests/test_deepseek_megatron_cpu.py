@@ -7,8 +7,10 @@ with the DeepSeek series and the CPU overlay (cpu-0005 makes megatron-core 0.12.
 actor as ActorRolloutRefWorker.init_model does, compares MegatronPPOActor.compute_log_prob with Hugging Face's
 DeepseekV3ForCausalLM holding the weights verl's per_tensor_generator exports, runs one update_policy without
 old_log_probs (actor.recompute_old_log_prob=False, patch shared-0101's Megatron branch) and the
-rollout.expert_reshard=alltoallv export (patch ds-0006). Negative controls: HF with two routed experts swapped
-(in every run), and a run with one of cpu-0005's megatron-core fixes taken back off.
+rollout.expert_reshard=alltoallv export (patch ds-0006). The update is ActorRolloutRefWorker.update_actor's own,
+after the launcher's parameter / gradient / optimizer offload with explicit offload (ds-0004). Negative controls:
+HF with two routed experts swapped (in every run), and a run with one of cpu-0005's megatron-core fixes taken
+back off.
 """
 
 from __future__ import annotations
@@ -84,8 +86,14 @@ def test_actor_log_probs_equal_hf_with_the_exported_weights(megatron_check):
 
 
 def test_one_update_without_old_log_probs_moves_the_policy(megatron_check):
+    """The worker's update_actor, given the batch as the trainer sends it when the old-log-prob pass is skipped
+    (no old_log_probs, no temperature: shared-0101's update_actor hunk; without it KeyError 'temperature'),
+    after init_model's parameter and optimizer offload (cpu-0005's copy: .cpu() alone aliased the storage that
+    the offload then freed)."""
     _, result, _ = megatron_check
     for r in result["ranks"]:
+        assert r["resident_before_offload"] and not r["resident_after_offload"], r
+        assert r["resident_after_update"], r  # explicit offload (ds-0004): left resident for the reshard
         assert r["tensors_moved"] == r["tensors"], r  # all 53, the router's expert bias too
         assert r["gap_updated"] <= TOL, r  # the new export still equals the actor
         assert r["gap_updated_vs_initial_weights"] > 100 * TOL, r  # and it is a different policy
