@@ -149,3 +149,52 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
             raise DownloadError(f"{archive.name} does not hold a single top-level folder")
         shutil.move(str(tops[0]), str(dest))
     return dest
+
+
+# The DeepSeek recipe's Megatron side on CPU: megatron-core and mbridge at the constraints.txt pins, installed
+# --no-deps (their other requirements are the e2e environment's already; TransformerEngine, which megatron-core
+# would use on CUDA, cannot be had on CPU) into a folder of the download cache that the CPU path puts on
+# PYTHONPATH. A folder of its own, not the e2e environment, so that the shared environment (and its hash, which
+# CI rebuilds on) stays as it is. Bump the layout number when what is installed here changes.
+MEGATRON_PACKAGES = ("megatron-core", "mbridge")
+_MEGATRON_LAYOUT = 1
+
+
+def megatron_packages(python: Path) -> Path:
+    """The folder holding megatron-core and mbridge for `python` (built on a miss; stamped when complete)."""
+    import fcntl
+
+    pins = [f"{name}=={pinned(name)}" for name in MEGATRON_PACKAGES]
+    tag = subprocess.run(
+        [str(python), "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    key = hashlib.sha256(
+        f"layout {_MEGATRON_LAYOUT}\n{tag}\n".encode() + "\n".join(pins).encode()
+    ).hexdigest()
+    folder = cache_dir() / f"megatron-{tag}-{key[:12]}"
+    stamp = folder / ".recipes-ok"
+    if stamp.is_file():
+        return folder
+    with open(cache_dir() / "megatron.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file():  # another process built it while this one waited
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)  # no stamp: a build that died part-way
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".megatron-") as tmp:
+            args = [str(python), "-m", "pip", "install", "--no-deps", "--only-binary", ":all:"]
+            args += ["--disable-pip-version-check", "-q", "--target", tmp, *pins]
+            try:
+                proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+            except subprocess.TimeoutExpired as exc:
+                raise DownloadError(f"pip install {' '.join(pins)} timed out; check the network") from exc
+            if proc.returncode != 0:
+                last = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+                reason = last[-1].strip() if last else f"exit {proc.returncode}"
+                raise DownloadError(f"cannot install {' '.join(pins)} from the package index ({reason})")
+            Path(tmp, ".recipes-ok").write_text("\n".join(pins) + "\n")
+            os.replace(tmp, folder)  # atomic: the folder appears complete, stamp included
+            os.mkdir(tmp)  # so that TemporaryDirectory's clean-up finds what it made
+    return folder

@@ -2,20 +2,22 @@
 # DeepSeek-R1 GRPO on a 128-card Atlas A3 SuperPoD (16 nodes x 16 dies), Megatron + MindSpeed
 # training, vLLM-Ascend rollout. Run on the head node once ray_start.sh has run on every node.
 #
-#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run] [--help] [hydra.override=value ...]
+#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run] [--cpu] [--help] [hydra.override=value ...]
 #
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
 # Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
 # (data/deepscaler), VERL_DIR (verl/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
-# against verl's ppo_megatron_trainer and prints the node-by-node commands.
+# against verl's ppo_megatron_trainer and prints the node-by-node commands. --cpu (or PROFILE=cpu): the same
+# launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes).
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
 
 VARIANT=real
+PROFILE="${PROFILE:-npu}"
 DRY_RUN=()
 ARGS=()
 while [ $# -gt 0 ]; do
@@ -23,7 +25,8 @@ while [ $# -gt 0 ]; do
     --variant) VARIANT="${2:?--variant needs real or random}"; shift 2 ;;
     --variant=*) VARIANT="${1#--variant=}"; shift ;;
     --dry-run) DRY_RUN=(--dry-run); shift ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cpu) PROFILE=cpu; shift ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -33,6 +36,17 @@ source "$RECIPE_DIR/env.sh"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+case "$PROFILE" in
+  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
+  cpu)
+    # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
+    MEGATRON_DIR=$("$PYTHON" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))' "$REPO_DIR/scripts") \
+      || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
+    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR"
+    # shellcheck source=cpu_profile.sh
+    source "$RECIPE_DIR/cpu_profile.sh" ;;
+  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
+esac
 
 NNODES="${NNODES:-16}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
@@ -147,17 +161,22 @@ case "$VARIANT" in
   ) ;;
   *) echo "run_deepseek_r1_a3.sh: error: --variant must be real or random, not '$VARIANT'" >&2; exit 2 ;;
 esac
+OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
 "$PYTHON" scripts/preflight.py --recipe deepseek_r1 --config-name ppo_megatron_trainer \
-  --verl-dir "$VERL_DIR" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
+  --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   echo "node-by-node:"
   "$PYTHON" scripts/ray_cluster.py plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
     -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
   exit 0
 fi
-"$PYTHON" scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+if [ "$PROFILE" = cpu ]; then
+  export PYTHONPATH="$RECIPES_CPU_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}"  # main_ppo starts its own Ray
+else
+  "$PYTHON" scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+fi
 
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$LOG_DIR"

@@ -1,0 +1,86 @@
+# The CPU profile of the DeepSeek launcher (sourced by run_deepseek_r1_a3.sh for --cpu or PROFILE=cpu).
+#
+# The recipe's own launch (preflight, then verl.trainer.main_ppo with ppo_megatron_trainer and the
+# launcher's overrides, random variant) on a machine with no accelerator, in two processes: verl's
+# Megatron actor and reference (EP=2) on gloo, verl's sync vLLM rollout on the vLLM 0.13.0 CPU build,
+# explicit offload, the AlltoAllV expert reshard setting, a tiny DeepSeek-V3 checkpoint. Only what must
+# shrink or what CPU needs is set here; the launcher's overrides come first and these win over them, the
+# user's arguments win over both. The verl tree is llm_rl/deepseek_r1/verl-cpu: the recipe's series plus
+# patches/cpu/ (cpu-0005 makes megatron-core run on CPU), never the tree an NPU launch uses.
+# shellcheck shell=bash disable=SC2034
+
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
+MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek/model}"
+DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek/data}"
+PREFLIGHT_PROFILE=(--with cpu --cpu)
+# random-initialised weights (no Megatron checkpoint of the tiny model to load), as --variant random
+VARIANT=random
+NNODES=1
+NPUS_PER_NODE=2
+
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# vLLM's CPU platform refuses MLA: it runs DeepSeek's attention unabsorbed
+export VLLM_MLA_DISABLE=1
+# two vLLM engines on two cores: vLLM's CPU worker would bind both to the same cores (rank 1 finds none)
+export VLLM_CPU_OMP_THREADS_BIND=nobind
+export RAY_USE_UVLOOP=0
+export OMP_NUM_THREADS="${CPU_OMP_NUM_THREADS:-1}"
+export TOKENIZERS_PARALLELISM=false
+
+ENV_VARS=+ray_kwargs.ray_init.runtime_env.env_vars
+CPU_OVERRIDES=(
+  trainer.device=cpu
+  # Ray: verl's bundles ask for GPUs and a lowercase "cpu" resource with trainer.device=cpu
+  +ray_kwargs.ray_init.num_cpus=8
+  +ray_kwargs.ray_init.num_gpus=2
+  '+ray_kwargs.ray_init.resources={cpu:2}'
+  +ray_kwargs.ray_init.include_dashboard=False
+  trainer.nnodes=1
+  trainer.n_gpus_per_node=2
+  # the Ray workers import megatron-core from its cache folder and read the CPU settings above
+  "$ENV_VARS.PYTHONPATH=$RECIPES_CPU_PYTHONPATH"
+  "$ENV_VARS.VLLM_MLA_DISABLE='1'"
+  "$ENV_VARS.VLLM_CPU_KVCACHE_SPACE='$VLLM_CPU_KVCACHE_SPACE'"
+  "$ENV_VARS.VLLM_CPU_OMP_THREADS_BIND=nobind"
+  "$ENV_VARS.RAY_USE_UVLOOP='0'"
+  "$ENV_VARS.OMP_NUM_THREADS='$OMP_NUM_THREADS'"
+  # two processes: experts over EP=2, the rest data-parallel; no TP / PP
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1
+  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1
+  actor_rollout_ref.actor.megatron.expert_model_parallel_size=2
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1
+  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1
+  actor_rollout_ref.ref.megatron.expert_model_parallel_size=2
+  # MindSpeed's options (flash attention, grouped GEMM, fused RoPE / SwiGLU, swap optimizer) are NPU-only: dropped
+  '~actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn'
+  '~actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_rotary_pos_emb'
+  '~actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_swiglu'
+  '~actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer'
+  # what megatron-core has only with TransformerEngine / apex: local attention, no grouped GEMM, plain norms
+  actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm=False
+  +actor_rollout_ref.actor.megatron.override_transformer_config.persist_layer_norm=False
+  actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=local
+  # one vLLM engine per process (vLLM data parallelism > 1 needs the cluster: patches ds-0002 / ds-0005)
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.data_parallel_size=1
+  actor_rollout_ref.rollout.expert_parallel_size=1
+  # vLLM's CPU custom ops disagree with Hugging Face on this model; fp32 so both sides agree to rounding
+  '+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config={custom_ops:[none]}'
+  actor_rollout_ref.rollout.dtype=float32
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.1
+  actor_rollout_ref.rollout.calculate_log_probs=True
+  # the sizes that shrink: 2 prompts x 2 samples, 32-token answers, 3 steps
+  data.train_batch_size=2
+  data.max_prompt_length=192
+  data.max_response_length=32
+  actor_rollout_ref.rollout.n=2
+  actor_rollout_ref.actor.ppo_mini_batch_size=2
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2
+  data.dataloader_num_workers=0
+  data.return_raw_chat=True
+  trainer.total_training_steps=3
+  'trainer.logger=[console,file]'
+  trainer.resume_mode=disable
+)
