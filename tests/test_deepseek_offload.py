@@ -286,7 +286,8 @@ def _worker_and_rollout(eo, patched, explicit: bool):
         __getattr__ = dict.__getitem__
 
     worker = types.SimpleNamespace(
-        config=Cfg(rollout=Cfg(free_cache_engine=True, explicit_offload=explicit)),
+        # temperature: update_actor hands the rollout's to the actor (shared-0101), as the real config has it
+        config=Cfg(rollout=Cfg(free_cache_engine=True, explicit_offload=explicit, temperature=1.0)),
         _is_offload_param=True,
         _is_offload_optimizer=True,
         bridge=None,
