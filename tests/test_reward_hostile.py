@@ -74,6 +74,16 @@ def _live(pid: int) -> bool:
         return False
 
 
+def _gone_within(pids: set[int], seconds: float) -> bool:
+    """True once none of pids is alive; the kill lands a moment after the pool has let the worker go."""
+    deadline = time.monotonic() + seconds
+    while any(_live(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _busy_until_done(pool) -> set[int]:
     """Worker pids seen busy until none is (the stuck answer's worker, for the caller to check)."""
     seen: set[int] = set()
@@ -95,7 +105,8 @@ def test_stuck_answer_is_stopped_and_the_next_one_is_unaffected(reward):
     result = reward.compute_score_dict("s", STUCK, "1", timeout=0.3)
     thread.join()
     assert result["timed_out"] is True and result["score"] == 0.0
-    assert seen and not any(_live(pid) for pid in seen), "the overrunning worker must be gone, not abandoned"
+    # gone within seconds, not abandoned: seen once (CI, 2026-12-01) still alive right after the call returned
+    assert seen and _gone_within(seen, 5.0), "the overrunning worker must be gone, not abandoned"
     for response, truth, score in NEEDS_SYMPY:
         assert reward.compute_score("s", response, truth) == score
 
