@@ -15,7 +15,6 @@ back off.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import artifacts
+import check_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "check_deepseek_megatron.py"
@@ -42,17 +42,7 @@ def megatron_python(e2e_python, verl_sdist_path):
 
 
 def run_check(python: Path, work: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [str(python), str(SCRIPT), "--work", str(work), *extra],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    path = work / "result.json"
-    result = json.loads(path.read_text()) if path.is_file() else {}
-    assert result, f"no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc, result
+    return check_script.run_check(python, SCRIPT, work, *extra)
 
 
 @pytest.fixture(scope="module")

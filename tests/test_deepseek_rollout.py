@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import check_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "check_deepseek_rollout.py"
 pytestmark = pytest.mark.slow
@@ -28,16 +30,7 @@ pytestmark = pytest.mark.slow
 def rollout_check(e2e_python, verl_sdist_path, tmp_path_factory):
     """The check's result.json; verl_sdist_path skips (with the reason) when the sdist cannot be fetched."""
     work = tmp_path_factory.mktemp("deepseek-rollout")
-    proc = subprocess.run(
-        [str(e2e_python), str(SCRIPT), "--work", str(work)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    result_path = work / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.is_file() else {}
-    assert result, f"no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc, result = check_script.run_check(e2e_python, SCRIPT, work)
     return proc, result
 
 
