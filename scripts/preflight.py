@@ -114,7 +114,16 @@ def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None) -> Che
     if not (verl_dir / "verl" / "__init__.py").is_file():
         _overlay("fetch", recipe, verl_dir, overlay)
         fetched = "fetched, "
-    said = _overlay("apply", recipe, verl_dir, overlay)
+    try:
+        said = _overlay("apply", recipe, verl_dir, overlay)
+    except PreflightError as exc:
+        if overlay and verl_dir.resolve() == (REPO / "llm_rl" / recipe / f"verl-{overlay}").resolve():
+            # the overlay's own tree, built by an earlier run: most likely from an older version of a patch
+            raise PreflightError(
+                f"{exc}; if the series changed since this tree was built, remove {verl_dir} and run again "
+                "(it is rebuilt from the series)"
+            ) from None
+        raise
     return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
 
 
