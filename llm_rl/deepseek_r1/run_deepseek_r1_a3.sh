@@ -42,7 +42,7 @@ case "$PROFILE" in
     # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
     MEGATRON_DIR=$("$PYTHON" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))' "$REPO_DIR/scripts") \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
-    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR"
+    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # shellcheck source=cpu_profile.sh
     source "$RECIPE_DIR/cpu_profile.sh" ;;
   *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
@@ -173,7 +173,7 @@ if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   exit 0
 fi
 if [ "$PROFILE" = cpu ]; then
-  export PYTHONPATH="$RECIPES_CPU_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}"  # main_ppo starts its own Ray
+  export PYTHONPATH="$RECIPES_CPU_PYTHONPATH"  # main_ppo starts its own Ray (the user's PYTHONPATH last)
 else
   "$PYTHON" scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
 fi
