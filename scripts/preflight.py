@@ -108,22 +108,43 @@ def _overlay(verb: str, recipe: str, target: Path, overlay: str | None = None) -
     return last
 
 
-def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None) -> Check:
-    """Fetch the pinned verl tree when absent, then apply the recipe's series (a no-op when applied)."""
+def overlay_tree(recipe: str, overlay: str) -> Path:
+    """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<overlay>/): built by the preflight, disposable."""
+    return REPO / "llm_rl" / recipe / f"verl-{overlay}"
+
+
+def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=None) -> Check:
+    """Fetch the pinned verl tree when absent, then apply the recipe's series (a no-op when applied).
+
+    The overlay's own tree is rebuilt when the series no longer applies to it (a patch changed since it was
+    built): it holds nothing but the series, and one lock keeps two launches from rebuilding it at once.
+    Any other tree is the user's: a refusal is reported, nothing is removed."""
+    if not overlay or verl_dir.resolve() != overlay_tree(recipe, overlay).resolve():
+        return _prepare_tree(recipe, verl_dir, overlay)
+    import fcntl
+
+    verl_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(verl_dir.parent / f".{verl_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _prepare_tree(recipe, verl_dir, overlay)
+        except PreflightError as exc:
+            if not (verl_dir / "verl" / "__init__.py").is_file():
+                raise
+            (log or (lambda m: print(m, file=sys.stderr)))(
+                f"preflight: {verl_dir} does not take the series any more ({exc}); rebuilding it"
+            )
+            shutil.rmtree(verl_dir)
+            check = _prepare_tree(recipe, verl_dir, overlay)
+            return Check(check.name, check.status, check.detail.replace("(fetched, ", "(rebuilt, ", 1))
+
+
+def _prepare_tree(recipe: str, verl_dir: Path, overlay: str | None) -> Check:
     fetched = ""
     if not (verl_dir / "verl" / "__init__.py").is_file():
         _overlay("fetch", recipe, verl_dir, overlay)
         fetched = "fetched, "
-    try:
-        said = _overlay("apply", recipe, verl_dir, overlay)
-    except PreflightError as exc:
-        if overlay and verl_dir.resolve() == (REPO / "llm_rl" / recipe / f"verl-{overlay}").resolve():
-            # the overlay's own tree, built by an earlier run: most likely from an older version of a patch
-            raise PreflightError(
-                f"{exc}; if the series changed since this tree was built, remove {verl_dir} and run again "
-                "(it is rebuilt from the series)"
-            ) from None
-        raise
+    said = _overlay("apply", recipe, verl_dir, overlay)
     return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
 
 

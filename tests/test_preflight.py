@@ -213,3 +213,40 @@ def test_card_count_that_is_not_a_number_is_one_line(tmp_path, verl_tree):
     proc = _run(QWEN4, ["--dry-run"], _env(tmp_path, verl_tree, NPUS="four"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "run_qwen2_5_1_5b.sh: NPUS must be a card count (1, 4, ...), not 'four'\n"
+
+
+def _cpu_tree_with_a_changed_patch(tree: Path) -> Path:
+    """The qwen2_5 series and the CPU overlay applied to `tree`, then one line of cpu-0004 in it changed, as a
+    tree built from an older version of that patch has it: the series no longer applies there."""
+    import overlay
+
+    overlay.apply_series(
+        overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"), tree, log=lambda m: None
+    )
+    trainer = tree / "verl" / "trainer" / "ppo" / "ray_trainer.py"
+    text = trainer.read_text()
+    line = "metrics.update(calculate_stale_probs_metrics(batch))"
+    assert text.count(line) == 1
+    trainer.write_text(text.replace(line, line + "  # older"))
+    return trainer
+
+
+def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left_alone(
+    tmp_path, verl_tree, monkeypatch
+):
+    import preflight
+
+    trainer = _cpu_tree_with_a_changed_patch(verl_tree)
+    # someone's own tree (VERL_DIR): refused, one line, nothing removed
+    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay: tmp_path / "elsewhere")
+    with pytest.raises(preflight.PreflightError, match="does not apply"):
+        preflight.prepare_tree("qwen2_5", verl_tree, "cpu")
+    assert "# older" in trainer.read_text()
+    # the overlay's own tree (llm_rl/<recipe>/verl-cpu): rebuilt from the series
+    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay: verl_tree)
+    said: list[str] = []
+    check = preflight.prepare_tree("qwen2_5", verl_tree, "cpu", log=said.append)
+    assert check.status == "ok" and "rebuilt" in check.detail, check
+    assert len(said) == 1 and "rebuilding" in said[0], said
+    assert "# older" not in trainer.read_text()
+    assert "calculate_stale_probs_metrics(batch)" in trainer.read_text()
