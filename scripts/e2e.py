@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, args.out / "summary.json")
     for c in summary["checks"]:
-        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<7} {c['check']:<13} {c['detail']}")
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<8} {c['check']:<13} {c['detail']}")
     print(
         f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
         f"wrote {args.out / 'summary.json'}"
