@@ -27,6 +27,7 @@ step the stale gap is at least --min-stale and the rollout gap at most a fifth o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -322,6 +323,28 @@ def _reap(proc: subprocess.Popen) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _exit_on_sigterm():
+    """SIGTERM (timeout, a CI job cancelled, kill) raises SystemExit while a run is in flight, so launch's
+    finally reaps the launcher's process group: Python's default would exit at once and leave Ray's agents
+    running (seen: dashboard and runtime-env agents still alive minutes after the driver was gone)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch(
     name: str,
     args: argparse.Namespace,
@@ -344,7 +367,7 @@ def launch(
     log_path = run_dir / "launcher.log"
     print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8") as log, _exit_on_sigterm():
         proc = subprocess.Popen(
             cmd,
             cwd=REPO,
@@ -355,11 +378,13 @@ def launch(
             text=True,
             errors="replace",
         )
-        watch = PeakMemory(proc.pid)
-        watch.start()
-        timer = threading.Timer(args.timeout, _reap, args=(proc,))
-        timer.start()
-        try:
+        watch = timer = None
+        try:  # from here on the launcher's group is reaped whatever stops the run (SIGTERM included)
+            watch = PeakMemory(proc.pid)
+            watch.start()
+            timer = threading.Timer(args.timeout, _reap, args=(proc,))
+            timer.daemon = True  # never keeps this process alive after the run
+            timer.start()
             shown = 0
             for line in proc.stdout:
                 log.write(line)
@@ -372,8 +397,9 @@ def launch(
                     print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
             rc = proc.wait()
         finally:
-            timer.cancel()
-            peak = watch.stop()
+            if timer is not None:
+                timer.cancel()
+            peak = watch.stop() if watch is not None else 0.0
             _reap(proc)
             proc.wait()
     wall = time.perf_counter() - start
