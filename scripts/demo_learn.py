@@ -107,8 +107,9 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss=False",
         # Recomputing activations saves memory a 0.4M-parameter model does not need, at twice the update's time.
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        # FSDP computes in fp32, not verl's default bf16: a CPU without AVX-512 BF16 (this one: AVX2) runs bf16
-        # matmuls about 15x slower than fp32, and the update was most of each step (11-17 s for 64 answers).
+        # The actor computes in fp32, not verl's default bf16 (CPU patch cpu-0007 makes the autocast follow this):
+        # on a CPU without bf16 matrix units (this one: AVX2) a bf16 matmul of the update's shape took 14x as long
+        # as in fp32, and update_actor was most of each step (11-17 s for 64 answers; 1.1-2.9 s in fp32).
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         # The recipe warms the lr up over 10 steps, most of this short run.
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
