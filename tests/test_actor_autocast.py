@@ -11,33 +11,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from patched_tree import free_port, patched_copy, run_on_tree, tiny_qwen2
+
 BATCH, PROMPT_LEN, RESPONSE_LEN = 2, 6, 5
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, _pristine_verl_master) -> dict:
-    import shutil
-
     import overlay
 
     tree = tmp_path_factory.mktemp("autocast") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    overlay.apply_series(overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"), tree)
-    env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--tree", str(tree)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    patched_copy(_pristine_verl_master, tree, overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"))
+    return run_on_tree(__file__, tree, timeout=600)
 
 
 @pytest.mark.slow
@@ -63,30 +52,6 @@ def test_fp32_mixed_precision_turns_autocast_off(measured):
 # --------------------------------------------------------------------------- subprocess side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_model():
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _inputs() -> dict:
     import torch
 
@@ -108,7 +73,7 @@ def _measure(mixed_precision: dict | None) -> dict:
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.config import FSDPActorConfig, FSDPEngineConfig
 
-    model = _tiny_model()
+    model = tiny_qwen2(0)
     cfg = FSDPActorConfig(
         strategy="fsdp",
         ppo_mini_batch_size=BATCH,
@@ -140,7 +105,7 @@ def main() -> None:
     import torch.distributed as dist
     import verl
 
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
         result = {
             "tree": str(args.tree),
