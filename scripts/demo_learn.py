@@ -107,6 +107,10 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss=False",
         # Recomputing activations saves memory a 0.4M-parameter model does not need, at twice the update's time.
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # The actor computes in fp32, not verl's default bf16 (CPU patch cpu-0007 makes the autocast follow this):
+        # on a CPU without bf16 matrix units (this one: AVX2) a bf16 matmul of the update's shape took 14x as long
+        # as in fp32, and update_actor was most of each step (11-17 s for 64 answers; 1.1-2.9 s in fp32).
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         # The recipe warms the lr up over 10 steps, most of this short run.
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         f"trainer.save_freq={args.steps}",
@@ -146,11 +150,15 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     return e2e.cached_inputs(args.out, want, build, PREFIX)
 
 
-def run_measured(cmd: list[str], log_path: Path, timeout: int) -> tuple[int, float, float]:
+def run_measured(
+    cmd: list[str], log_path: Path, timeout: int, env: dict[str, str] | None = None
+) -> tuple[int, float, float]:
     """Run cmd in a session of its own, output to log_path; (exit status, wall s, peak RSS GiB of its tree)."""
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         watch = e2e.PeakMemory(proc.pid)
         watch.start()
         timer = threading.Timer(timeout, e2e._reap, args=(proc,))
@@ -180,7 +188,10 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
     log_path = args.out / f"eval_{name}.log"
     print(f"{PREFIX}: held-out {name}: {' '.join(cmd[1:3])} ... (log: {log_path})", flush=True)
     out.unlink(missing_ok=True)
-    rc, wall, peak = run_measured(cmd, log_path, args.timeout)
+    # vLLM's engine in evaluate.py's own process, as verl's sync rollout runs it: no second process that
+    # imports torch and vLLM again (about 10-20 s of each evaluation's start-up on two busy cores).
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    rc, wall, peak = run_measured(cmd, log_path, args.timeout, env)
     if rc != 0 or not out.is_file():
         raise e2e.E2EError(f"evaluate.py ({name}) failed: {e2e.last_error(log_path)}; see {log_path}")
     report = json.loads(out.read_text(encoding="utf-8"))

@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from patched_tree import free_port, patched_copy, run_on_tree, tiny_qwen2
+
 REPO = Path(__file__).resolve().parents[1]
 BATCH, PROMPT_LEN, RESPONSE_LEN, MICRO = 4, 6, 5, 2
-
-
-def apply_recipe_series(recipe: str, tree: Path) -> None:
-    """Apply a recipe's patch series onto tree (the dir containing verl/)."""
-    import overlay
-
-    overlay.apply_series(overlay.load_recipe(recipe), tree)
 
 
 def _series(recipe: str) -> list[str]:
@@ -38,18 +29,12 @@ def _series(recipe: str) -> list[str]:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, _pristine_verl_master) -> dict:
     """Run the checks below in a subprocess against the deepseek_r1-patched tree; return its JSON."""
-    import shutil
+    import overlay
 
     assert any("old-log-prob-skip" in p for p in _series("deepseek_r1")), "skip patches not in the series"
     tree = tmp_path_factory.mktemp("skip") / "verl-tree"
-    shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-    apply_recipe_series("deepseek_r1", tree)
-    env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--tree", str(tree)], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    patched_copy(_pristine_verl_master, tree, overlay.load_recipe("deepseek_r1"))
+    return run_on_tree(__file__, tree)
 
 
 @pytest.mark.slow
@@ -103,33 +88,8 @@ def test_trainer_step_issues_one_actor_forward_pass_fewer(measured):
 # --------------------------------------------------------------------------- subprocess side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_model(seed: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _batch(old_log_probs=None):
     import torch
-
     from verl import DataProto
 
     g = torch.Generator().manual_seed(1)
@@ -179,7 +139,7 @@ def _actor(seed: int = 0, recompute: bool = False, epochs: int = 1, mini: int = 
         recompute_old_log_prob=recompute,
         rollout_n=1,
     )
-    model = _tiny_model(seed)
+    model = tiny_qwen2(seed)
     return DataParallelPPOActor(cfg, model, _recording_sgd(model.parameters(), lr=lr))
 
 
@@ -324,11 +284,10 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-
     import verl
 
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
         on, moved = _on_policy_and_moved()
         result = {
