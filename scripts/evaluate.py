@@ -207,6 +207,23 @@ def render(problems: list[Problem], tokenizer) -> list[list[int]]:
     return ids
 
 
+def context_length(model_dir: Path, prompt_ids: list[list[int]], max_tokens: int) -> int:
+    """The longest prompt plus --max-tokens, refused in one line when the model's positions do not reach it."""
+    need = max(len(ids) for ids in prompt_ids) + max_tokens
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return need  # vLLM reads the config itself and says what is wrong with it
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and need > limit:
+        longest = need - max_tokens
+        raise EvalError(
+            f"the longest prompt ({longest} tokens) plus --max-tokens {max_tokens} exceeds the model's "
+            f"max_position_embeddings ({limit}); pass --max-tokens {max(limit - longest, 1)} or less"
+        )
+    return need
+
+
 def build_engine(model_dir: Path, args: argparse.Namespace, max_model_len: int):
     """vLLM's offline engine on the model folder (eager, one device)."""
     from vllm import LLM
@@ -229,6 +246,16 @@ def warm_up(engine, prompt_ids: list[int]) -> None:
     engine.generate([{"prompt_token_ids": prompt_ids}], SamplingParams(max_tokens=2), use_tqdm=False)
 
 
+def per_request_seed(seed: int) -> int | None:
+    """The seed each request samples with; None on vLLM's CPU build, whose engine seed (LLM(seed=)) alone keeps
+    the run repeatable. vLLM 0.13 rewinds a per-request generator's offset when it discards the sample of a
+    partly prefilled request (gpu_model_runner), and CPU generators have no offset: `RuntimeError: CPU Generator
+    does not use offset` once a batch is large enough for chunked prefill (seen: 64 problems x 8 answers)."""
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else seed
+
+
 def generate(
     engine, prompt_ids: list[list[int]], args: argparse.Namespace
 ) -> list[list[tuple[str, int, bool]]]:
@@ -240,7 +267,7 @@ def generate(
         temperature=args.temperature,
         top_p=args.top_p if args.temperature > 0 else 1.0,
         max_tokens=args.max_tokens,
-        seed=args.seed,
+        seed=per_request_seed(args.seed),
     )
     outputs = engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
     return [[(o.text, len(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
@@ -444,7 +471,7 @@ def evaluate(args: argparse.Namespace, log=print) -> dict:
     prompt_ids = render(problems, tokenizer)
     # vLLM's CPU build reserves ~12 GiB of KV cache by default; a test set needs far less. No effect on NPU.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    engine = build_engine(model_dir, args, max(len(ids) for ids in prompt_ids) + args.max_tokens)
+    engine = build_engine(model_dir, args, context_length(model_dir, prompt_ids, args.max_tokens))
     warm_up(engine, prompt_ids[0])
     load_s = time.perf_counter() - start
     t0 = time.perf_counter()

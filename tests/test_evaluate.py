@@ -126,6 +126,16 @@ def test_a_tokenizer_without_chat_template_is_one_line(tmp_path):
     assert "has no chat template" in proc.stderr and "install_tokenizer_config.py" in proc.stderr
 
 
+def test_prompts_longer_than_the_models_context_are_one_line(tmp_path):
+    """Before any engine starts: vLLM would refuse the context with a page of pydantic traceback."""
+    model = build_tokenizer_dir(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 256}))
+    data = _test_parquet(tmp_path / "test.parquet", [("What is $1+1$?", "2", "Level 1", "Algebra")])
+    proc = _run("--model", str(model), "--data", str(data), "--max-tokens", "1024", timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "max_position_embeddings (256)" in proc.stderr and "pass --max-tokens" in proc.stderr
+
+
 # --- the real thing: vLLM's CPU build on the tiny model (a verl checkpoint: tests/test_demo_learn.py) ----
 
 
@@ -179,3 +189,18 @@ def test_vllm_answers_are_all_scored_and_reported(tiny_model, e2e_python, tmp_pa
     assert len(lines) == 16 and all(len(p["answers"]) == 3 for p in lines)
     assert all(isinstance(a["score"], float) and "correct" in a for p in lines for a in p["answers"])
     assert "load" in proc.stdout and "problems/s" in proc.stdout
+
+
+@pytest.mark.slow
+def test_sampling_a_batch_large_enough_for_chunked_prefill(tiny_model, e2e_python, tmp_path):
+    """64 problems x 8 answers: vLLM's CPU build splits the prefill, and a per-request seed then failed with
+    `RuntimeError: CPU Generator does not use offset` (the engine's seed alone is used on CPU)."""
+    rows = [
+        (f"Compute ${a} + {b}$.", str(a + b), "Level 1", "Prealgebra") for a in range(1, 33) for b in (1, 2)
+    ]
+    data = _test_parquet(tmp_path / "test.parquet", rows)
+    out = tmp_path / "report.json"
+    args = ("--model", str(tiny_model), "--data", str(data), "--n", "8", "--max-tokens", "16")
+    proc = _run(*args, "--out", str(out), python=str(e2e_python), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["answers"] == 512
