@@ -205,6 +205,11 @@ def cached_inputs(
 # --- runs ------------------------------------------------------------------------------------------
 
 
+def launcher_for(name: str) -> Path:
+    """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise."""
+    return DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
+
+
 def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
     if name == DEEPSEEK:
@@ -362,8 +367,12 @@ def launch(
     if name == "resume":
         seed_resume(out)
     env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync, prefix)
-    launcher = DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
-    cmd = ["bash", str(launcher), "--cpu", *(run_overrides(name, args) if overrides is None else overrides)]
+    cmd = [
+        "bash",
+        str(launcher_for(name)),
+        "--cpu",
+        *(run_overrides(name, args) if overrides is None else overrides),
+    ]
     log_path = run_dir / "launcher.log"
     print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     start = time.perf_counter()
@@ -452,8 +461,9 @@ def step_line(row: dict) -> str:
     return f"step {row['step']}: " + ", ".join(shown)
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
+def read_jsonl(path: Path, what: str, partial_tail: bool = False) -> list[dict]:
+    """The JSON objects of a JSON-lines file ([] when absent); a line that is not JSON is an E2EError naming `what`,
+    except, with partial_tail, the last one (its writer is still writing it, or was killed while it did)."""
     if not path.is_file():
         return []
     rows = []
@@ -462,13 +472,18 @@ def read_metrics(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
-            if n == len(lines):  # the trainer is writing it (or was killed while it did)
+            if partial_tail and n == len(lines):
                 break
-            raise E2EError(f"{path}:{n} is not JSON; the file logger's output is corrupt") from None
-        rows.append({"step": row["step"], **row["data"]})
+            raise E2EError(f"{path}:{n} is not JSON; {what} is corrupt") from None
     return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
+    rows = read_jsonl(path, "the file logger's output", partial_tail=True)
+    return [{"step": row["step"], **row["data"]} for row in rows]
 
 
 # --- summary ---------------------------------------------------------------------------------------
@@ -511,14 +526,7 @@ def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
 
 def read_reshard(path: Path) -> list[dict]:
     """ds-0006's report: one JSON line per rank and sync (rank, sync, calls, recv/sent and plan bytes)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise E2EError(f"{path}:{n} is not JSON; the reshard report is corrupt") from None
+    rows = read_jsonl(path, "the reshard report")
     return sorted(rows, key=lambda r: (r["sync"], r["rank"]))
 
 
@@ -530,9 +538,8 @@ def expected_reshard_recv(run_dir: Path) -> int | None:
     """Bytes of routed experts one rank receives per sync, from the model's config.json alone: the rollout
     (EP 1) keeps every expert, training EP=2 leaves the others' experts on the other rank; per MoE layer and
     expert, linear_fc1 (gate and up: 2 x moe_intermediate x hidden) and linear_fc2 (hidden x moe_intermediate)."""
-    inputs = run_dir.parent / "deepseek_inputs" / "inputs.json"
     config_path = run_dir.parent / "deepseek_inputs" / "model" / "config.json"
-    if not inputs.is_file() or not config_path.is_file():
+    if not config_path.is_file():
         return None
     c = json.loads(config_path.read_text(encoding="utf-8"))
     experts, inter, hidden = c["n_routed_experts"], c["moe_intermediate_size"], c["hidden_size"]
@@ -629,8 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     if args.dry_run:
         for name in args.runs:
-            launcher = DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
-            print(f"{name}: bash {launcher.relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}")
+            print(
+                f"{name}: bash {launcher_for(name).relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}"
+            )
         return EXIT_OK
     start = time.perf_counter()
     try:

@@ -135,15 +135,14 @@ def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=No
                 f"preflight: {verl_dir} does not take the series any more ({exc}); rebuilding it"
             )
             shutil.rmtree(verl_dir)
-            check = _prepare_tree(recipe, verl_dir, overlay)
-            return Check(check.name, check.status, check.detail.replace("(fetched, ", "(rebuilt, ", 1))
+            return _prepare_tree(recipe, verl_dir, overlay, fetched_as="rebuilt")
 
 
-def _prepare_tree(recipe: str, verl_dir: Path, overlay: str | None) -> Check:
+def _prepare_tree(recipe: str, verl_dir: Path, overlay: str | None, fetched_as: str = "fetched") -> Check:
     fetched = ""
     if not (verl_dir / "verl" / "__init__.py").is_file():
         _overlay("fetch", recipe, verl_dir, overlay)
-        fetched = "fetched, "
+        fetched = f"{fetched_as}, "
     said = _overlay("apply", recipe, verl_dir, overlay)
     return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
 
