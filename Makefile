@@ -19,19 +19,19 @@ setup:
 test: setup
 	$(PY) -m pytest
 
-# DEMO_ARGS passes options to scripts/demo_learn.py (e.g. DEMO_ARGS="--steps 8").
+# DEMO_ARGS passes options to ascend_rl/harness/demo.py (e.g. DEMO_ARGS="--steps 8").
 demo: e2e-setup
-	.venv-e2e/bin/python scripts/demo_learn.py $(DEMO_ARGS)
+	.venv-e2e/bin/python -m ascend_rl demo $(DEMO_ARGS)
 
 demo-inprocess: setup
-	$(PY) scripts/demo_grpo.py
+	$(PY) -m ascend_rl demo_inprocess
 
 e2e-setup: setup
 	@bash scripts/setup_e2e.sh
 
-# E2E_ARGS passes options to scripts/e2e.py (e.g. E2E_ARGS="--runs sync").
+# E2E_ARGS passes options to ascend_rl/harness/e2e.py (e.g. E2E_ARGS="--runs sync").
 e2e: e2e-setup
-	.venv-e2e/bin/python scripts/e2e.py $(E2E_ARGS)
+	.venv-e2e/bin/python -m ascend_rl e2e $(E2E_ARGS)
 
 dry-run: setup
 	PATH="$(CURDIR)/.venv/bin:$$PATH" bash llm_rl/qwen2_5/run_qwen2_5_1_5b_single.sh --dry-run

@@ -4,7 +4,7 @@
 #   bash scripts/apply_patches.sh qwen2_5 --target ~/verl      # onto a verl tree you already have
 #   bash scripts/apply_patches.sh qwen2_5 --dry-run            # check only
 #   bash scripts/apply_patches.sh qwen2_5 --revert [--target DIR]
-# A thin wrapper over scripts/overlay.py (see its --help); exit 0 done, 1 refused, 2 usage.
+# A thin wrapper over `python3 -m ascend_rl overlay` (see its --help); exit 0 done, 1 refused, 2 usage.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py="${PYTHON:-python3}"
@@ -24,7 +24,7 @@ for arg in "$@"; do
   esac
 done
 
-# overlay.py parses every option before it fetches anything: `apply --fetch` fetches the
+# The overlay command parses every option before it fetches anything: `apply --fetch` fetches the
 # recipe's own tree (llm_rl/<recipe>/verl) only when no --target is given and it is absent.
 [ "$action" = apply ] && args+=(--fetch)
-exec "$py" "$here/overlay.py" "$action" "$recipe" ${args[@]+"${args[@]}"}
+PYTHONPATH="$(dirname "$here")${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m ascend_rl overlay "$action" "$recipe" ${args[@]+"${args[@]}"}

@@ -8,7 +8,7 @@
 #   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
 #      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
-#   6. scripts/check_stack.py --recipe: fails when any installed version or commit is off the pins.
+#   6. ascend_rl/stack.py --recipe: fails when any installed version or commit is off the pins.
 # Every version and commit comes from constraints.txt (pip -c, check_stack.py --git-source); none is
 # written here. The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must
 # stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
@@ -43,8 +43,8 @@ run() {
 pip_c() { run "$PYTHON" -m pip install --disable-pip-version-check -c "$C" "$@"; }
 
 cd "$REPO_DIR"
-run "$PYTHON" scripts/overlay.py fetch "$RECIPE" --dest "$VERL_DIR"
-run "$PYTHON" scripts/overlay.py apply "$RECIPE" --target "$VERL_DIR"
+run "$PYTHON" -m ascend_rl overlay fetch "$RECIPE" --dest "$VERL_DIR"
+run "$PYTHON" -m ascend_rl overlay apply "$RECIPE" --target "$VERL_DIR"
 
 pip_c -r requirements.txt
 if [ -f "$VERL_DIR/requirements-npu.txt" ]; then
@@ -72,12 +72,12 @@ pip_c vllm-ascend
 # The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
 # deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check
 # out the pinned commit, pip install -e (MindSpeed's documented install), its deps under the pins.
-EXTRAS="$("$PYTHON" scripts/check_stack.py --constraints "$C" --recipe "$RECIPE" --list-extras)"
+EXTRAS="$("$PYTHON" -m ascend_rl check_stack --constraints "$C" --recipe "$RECIPE" --list-extras)"
 for name in $EXTRAS; do
   case "$name" in
     megatron-core) pip_c --no-deps megatron-core ;;
     mindspeed)
-      src="$("$PYTHON" scripts/check_stack.py --constraints "$C" --git-source mindspeed)"
+      src="$("$PYTHON" -m ascend_rl check_stack --constraints "$C" --git-source mindspeed)"
       read -r url commit <<<"$src"
       if [ -d "$MINDSPEED_DIR/.git" ]; then
         run git -C "$MINDSPEED_DIR" fetch --quiet origin
@@ -92,4 +92,4 @@ for name in $EXTRAS; do
 done
 
 run "$PYTHON" -m pip install --disable-pip-version-check --no-deps -e "$VERL_DIR"
-run "$PYTHON" scripts/check_stack.py --constraints "$C" --recipe "$RECIPE"
+run "$PYTHON" -m ascend_rl check_stack --constraints "$C" --recipe "$RECIPE"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the CPU environment the tools, tests and the demo run in: .venv with
 # requirements-dev.txt (stack versions taken from constraints.txt) and verl from the
-# pinned source distribution, installed --no-deps. Idempotent: a second run with
+# pinned source distribution, installed --no-deps, and this repository's package (ascend_rl) with
+# pip install -e . (its commands: .venv/bin/ascend-rl --help). Idempotent: a second run with
 # unchanged requirements returns at once.
 #   bash scripts/setup_dev.sh            # or: make setup
 #   PYTHON=python3.11 bash scripts/setup_dev.sh
@@ -20,7 +21,7 @@ VENV=${VENV:-.venv}
   || { echo "setup_dev.sh: $PYTHON is older than 3.11; set PYTHON=python3.11" >&2; exit 1; }
 
 stamp="$VENV/.recipes-setup"
-want=$(cat requirements.txt requirements-dev.txt constraints.txt llm_rl/qwen2_5/recipe.toml | sha256sum | cut -c1-16)
+want=$(cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml llm_rl/qwen2_5/recipe.toml | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   echo "setup: $VENV is up to date"
   exit 0
@@ -45,13 +46,14 @@ pip_install -r requirements-dev.txt -c "$cpu_pins"
 
 sdist=$("$PY" - <<'PY'
 import sys, tomllib
-sys.path.insert(0, "scripts")
-import artifacts
+from ascend_rl import artifacts
 pin = tomllib.load(open("llm_rl/qwen2_5/recipe.toml", "rb"))["upstream"]
 print(artifacts.verl_sdist(pin["version"], pin["sdist_sha256"]))
 PY
 )
 echo "setup: installing verl from $(basename "$sdist") (--no-deps)"
 pip_install --no-deps --force-reinstall "$sdist"
+echo "setup: installing this repository's package (ascend_rl, editable)"
+pip_install --no-deps -e .
 "$PY" -c 'import verl, torch, transformers; print(f"setup: verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
 echo "$want" > "$stamp"

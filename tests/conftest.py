@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import artifacts  # noqa: E402
+from ascend_rl import artifacts
+from ascend_rl.paths import REPO
 
 QWEN_MANIFEST = REPO / "llm_rl" / "qwen2_5" / "recipe.toml"
 
@@ -70,7 +67,7 @@ def pristine_verl(_pristine_verl_master) -> Path:
 @pytest.fixture(scope="session")
 def patched_verl(tmp_path_factory, _pristine_verl_master):
     """patched_verl(recipe) -> a copy of verl 0.6.0 with the recipe's series applied, shared: read it, never write."""
-    import overlay
+    from ascend_rl import overlay
 
     trees: dict[str, Path] = {}
 

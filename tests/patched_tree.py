@@ -17,7 +17,7 @@ from pathlib import Path
 
 def patched_copy(pristine: Path, dest: Path, series) -> Path:
     """A copy of the pristine verl tree at dest with series (an overlay.Recipe) applied."""
-    import overlay
+    from ascend_rl import overlay
 
     shutil.copytree(pristine, dest, symlinks=True)
     overlay.apply_series(series, dest)

@@ -22,7 +22,7 @@ BATCH, PROMPT_LEN, RESPONSE_LEN = 2, 6, 5
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, _pristine_verl_master) -> dict:
-    import overlay
+    from ascend_rl import overlay
 
     tree = tmp_path_factory.mktemp("autocast") / "verl-tree"
     patched_copy(_pristine_verl_master, tree, overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"))

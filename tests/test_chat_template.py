@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from datautil import FORMAT_SYSTEM_PROMPT
+from ascend_rl.data.util import FORMAT_SYSTEM_PROMPT
 from tiny_tokenizer import RECIPE_TOKENIZER_CONFIG, load_tokenizer
 
 # The answer format the reward scores, spelled out here independently of datautil.

@@ -1,4 +1,4 @@
-"""scripts/check_imports.py against verl 0.6.0 and the real vllm 0.13.0 / transformers 4.57.6 wheels.
+"""ascend_rl/compat.py against verl 0.6.0 and the real vllm 0.13.0 / transformers 4.57.6 wheels.
 
 The unpatched tree must report exactly the six known broken imports, the patched tree none:
 the shared patch series is needed and enough.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import check_imports
-import overlay
+from ascend_rl import compat as check_imports
+from ascend_rl import overlay
 
 SPMD = "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py"
 

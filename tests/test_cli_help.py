@@ -1,31 +1,36 @@
 """Every command in the repository answers --help: exit 0 and a usage line, from the light .venv (no vLLM, no
-accelerator), so a user can read what a script does before setting anything up."""
+accelerator), so a user can read what a command does before setting anything up."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-COMMANDS = sorted(
-    p
-    for p in [*REPO.glob("scripts/*.py"), *REPO.glob("llm_rl/*/*.py")]
-    if "argparse" in (text := p.read_text(encoding="utf-8")) and '__name__ == "__main__"' in text
+from ascend_rl.__main__ import RECIPE_TOOLS, TOOLS
+from ascend_rl.paths import REPO
+
+# (what the test id says, the command line after the interpreter)
+COMMANDS = (
+    [(f"ascend_rl {name}", ["-m", "ascend_rl", name]) for name in TOOLS]
+    + [(module, ["-m", module]) for module in RECIPE_TOOLS]
+    + [("llm_rl/qwen2_5/new_math_reward.py", [str(REPO / "llm_rl" / "qwen2_5" / "new_math_reward.py")])]
 )
 
 
 def test_the_commands_are_found():
-    names = {p.name for p in COMMANDS}
-    assert {"overlay.py", "e2e.py", "evaluate.py", "prepare_math500.py", "new_math_reward.py"} <= names, names
-
-
-@pytest.mark.parametrize("script", COMMANDS, ids=lambda p: str(p.relative_to(REPO)))
-def test_help_exits_0_with_usage(script):
+    names = {name for name, _ in COMMANDS}
+    want = {"ascend_rl overlay", "ascend_rl e2e", "ascend_rl evaluate", "llm_rl.qwen2_5.prepare_math500"}
+    assert want | {"llm_rl/qwen2_5/new_math_reward.py"} <= names, names
     proc = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ascend_rl", "--help"], capture_output=True, text=True, cwd=REPO
     )
+    assert proc.returncode == 0 and all(f"  {name} " in proc.stdout for name in TOOLS), proc.stdout
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in COMMANDS], ids=[name for name, _ in COMMANDS])
+def test_help_exits_0_with_usage(argv):
+    proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:"), proc.stdout[:500]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import overlay
+from ascend_rl import overlay
 
 REPO = Path(__file__).resolve().parents[1]
 SINGLE = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"

@@ -14,12 +14,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+# The data commands, as a user runs them (python3 -m ...), by the names the cases use.
+COMMANDS = {
+    "prepare_math.py": ["-m", "ascend_rl", "prepare_math"],
+    "parquet2json.py": ["-m", "ascend_rl", "parquet2json"],
+    "install_tokenizer_config.py": ["-m", "ascend_rl", "install_tokenizer_config"],
+    "prepare_math500.py": ["-m", "llm_rl.qwen2_5.prepare_math500"],
+    "prepare_deepscaler.py": ["-m", "llm_rl.deepseek_r1.prepare_deepscaler"],
+    "derive_deepseek_config.py": ["-m", "llm_rl.deepseek_r1.derive_config"],
+}
 
 
 def _tool(name: str, args: list[str], cwd: Path, umask: int = 0o022) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args],
+        [sys.executable, *COMMANDS[name], *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -171,9 +179,8 @@ def test_python_without_pyarrow_is_told_which_python_to_use(work):
     """A fresh shell's python3 without the requirements: one line naming the interpreter to use."""
     blocked = (
         "import runpy, sys; sys.modules['pyarrow'] = None; "
-        f"sys.path.insert(0, {str(SCRIPTS)!r}); "
-        "sys.argv = ['prepare_math.py', '--input-dir', 'math', '--output-dir', 'o']; "
-        f"runpy.run_path({str(SCRIPTS / 'prepare_math.py')!r}, run_name='__main__')"
+        "sys.argv = ['prepare_math', '--input-dir', 'math', '--output-dir', 'o']; "
+        "runpy.run_module('ascend_rl.data.prepare_math', run_name='__main__')"
     )
     proc = subprocess.run([sys.executable, "-c", blocked], cwd=work, capture_output=True, text=True)
     assert proc.returncode == 1

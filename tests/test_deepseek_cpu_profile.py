@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+from ascend_rl import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
@@ -31,9 +31,8 @@ def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
         pytest.skip(f"megatron-core / mbridge cannot be fetched: {exc}")
     work = tmp_path_factory.mktemp("deepseek-cpu-profile")
     code = (
-        "import sys; sys.path.insert(0, 'scripts')\n"
         "from pathlib import Path\n"
-        "from demo import problems, tiny_deepseek\n"
+        "from ascend_rl.harness import problems, tiny_deepseek\n"
         f"problems.prepare(Path({str(work / 'data')!r}), log=lambda m: None)\n"
         f"tiny_deepseek.make_checkpoint(Path({str(work / 'model')!r}), seed=1)\n"
     )

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import derive_deepseek_config
-import prepare_deepscaler
-from datautil import FORMAT_SYSTEM_PROMPT, MATH_INSTRUCTION, run_cli
+from ascend_rl.data.util import FORMAT_SYSTEM_PROMPT, MATH_INSTRUCTION, run_cli
+from llm_rl.deepseek_r1 import derive_config as derive_deepseek_config
+from llm_rl.deepseek_r1 import prepare_deepscaler
 
 # --- deepscaler.json -------------------------------------------------------------------------------
 

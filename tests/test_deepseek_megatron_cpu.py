@@ -1,6 +1,6 @@
 """The DeepSeek recipe's Megatron actor on CPU: verl's MegatronPPOActor, two gloo processes, EP=2, against HF.
 
-scripts/check_deepseek_megatron.py runs under the e2e environment (the e2e_python fixture builds it when absent),
+llm_rl/deepseek_r1/check_megatron.py runs under the e2e environment (the e2e_python fixture builds it when absent),
 with megatron-core and mbridge at the constraints.txt pins in their own folder of the download cache
 (artifacts.megatron_packages; skipped with the reason when the package index cannot be reached), on verl 0.6.0
 with the DeepSeek series and the CPU overlay (cpu-0005 makes megatron-core 0.12.1 run on CPU). It builds the
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
 import check_script
+from ascend_rl import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "check_deepseek_megatron.py"
+SCRIPT = "llm_rl.deepseek_r1.check_megatron"
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # the script's LOGPROB_TOL; seen: 5e-7 and 1e-6 (fp32, packed THD against HF unpacked)
 
@@ -111,7 +111,7 @@ def test_without_the_split_size_fix_the_ep_all_to_all_fails(megatron_python, meg
 
 def test_the_check_refuses_a_python_without_the_e2e_environment(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--work", str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", SCRIPT, "--work", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and ".venv-e2e/bin/python" in proc.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import overlay
+from ascend_rl import overlay
 
 DP_MODULE = "verl/utils/vllm/ascend_dp.py"
 
@@ -100,7 +100,7 @@ def test_patched_files_compile(patched):
 
 
 def test_dp_and_patch_imports_resolve_against_vllm_wheel(patched, vllm_wheel, transformers_wheel):
-    import check_imports
+    from ascend_rl import compat as check_imports
 
     report = check_imports.scan_tree(patched, [vllm_wheel, transformers_wheel])
     assert report.unresolved == [], report.unresolved

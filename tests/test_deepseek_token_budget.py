@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import preflight
+from ascend_rl import preflight
 from test_launchers import LAUNCHERS, _env, _run
 
 SPMD = "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py"

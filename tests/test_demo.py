@@ -1,4 +1,4 @@
-"""The in-process GRPO demo (scripts/demo_grpo.py, `make demo-inprocess`): two real steps through verl's own components, both old-log-prob modes."""
+"""The in-process GRPO demo (ascend_rl/harness/inprocess.py, `make demo-inprocess`): two real steps through verl's own components, both old-log-prob modes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "scripts" / "demo_grpo.py"
+DEMO = "ascend_rl.harness.inprocess"
 STEPS = 2
 
 
 def _demo(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     # A fresh interpreter: the demo must import verl from the patched tree, not from site-packages.
     return subprocess.run(
-        [sys.executable, str(DEMO), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+        [sys.executable, "-m", DEMO, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
 
 
@@ -154,7 +154,7 @@ def test_bad_flag_is_a_usage_error():
 
 
 def test_bundled_problems_are_the_generated_ones():
-    from demo import problems
+    from ascend_rl.harness import problems
 
     rows = problems.load_problems()
     assert rows == problems.generate_problems()
@@ -167,8 +167,8 @@ def test_warm_start_targets_score_full_marks_with_the_recipe_reward(repo_root):
     """What the warm start teaches is what new_math_reward.py rewards: right answer, exact format, numbered steps."""
     import importlib.util
 
-    from datautil import last_boxed
-    from demo import problems, warm_start
+    from ascend_rl.data.util import last_boxed
+    from ascend_rl.harness import problems, warm_start
 
     spec = importlib.util.spec_from_file_location("reward", repo_root / "llm_rl/qwen2_5/new_math_reward.py")
     reward = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""`make demo` (scripts/demo_learn.py): GRPO through the launcher's CPU profile, main_ppo and vLLM, held-out before/after.
+"""`make demo` (ascend_rl/harness/demo.py): GRPO through the launcher's CPU profile, main_ppo and vLLM, held-out before/after.
 
 The short run here checks the shape of what the demo writes and that every answer was scored, not that
 the model learns: the figures in the README (a full `make demo`) show that. It needs the e2e environment
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from datautil import last_boxed
-from demo import lookup, warm_start
+from ascend_rl.data.util import last_boxed
+from ascend_rl.harness import lookup, warm_start
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "scripts" / "demo_learn.py"
+DEMO = "ascend_rl.harness.demo"
 STEPS, PROMPTS, N, HELDOUT = 2, 2, 4, 64
 
 
@@ -52,7 +52,7 @@ def test_the_misread_key_is_right_for_the_given_fraction(repo_root):
 
 def test_dry_run_prints_the_launcher_command(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--dry-run", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", DEMO, "--dry-run", "--out", str(tmp_path / "o")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -60,7 +60,9 @@ def test_dry_run_prints_the_launcher_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "run_qwen2_5_1_5b_single.sh --cpu" in proc.stdout and "trainer.rollout_data_dir=" in proc.stdout
     assert not (tmp_path / "o").exists()
-    proc = subprocess.run([sys.executable, str(DEMO), "--n", "1"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", DEMO, "--n", "1"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "GRPO's advantage" in proc.stderr
 
 
@@ -70,7 +72,8 @@ def test_short_demo_writes_the_summary_and_scores_every_answer(e2e_python, tmp_p
     proc = subprocess.run(
         [
             str(e2e_python),
-            str(DEMO),
+            "-m",
+            DEMO,
             "--out",
             str(out),
             "--steps",
@@ -120,7 +123,7 @@ def test_short_demo_writes_the_summary_and_scores_every_answer(e2e_python, tmp_p
 
 
 def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
-    import demo_learn
+    from ascend_rl.harness import demo as demo_learn
 
     assert demo_learn.quarter_means([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.8, 1.0]) == pytest.approx((0.05, 0.9))
     assert demo_learn.quarter_means([0.2, 0.4]) == (0.2, 0.4)

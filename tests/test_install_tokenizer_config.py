@@ -1,4 +1,4 @@
-"""scripts/install_tokenizer_config.py: install the recipe tokenizer config into a model folder, keep a backup."""
+"""ascend_rl/data/tokenizer_config.py: install the recipe tokenizer config into a model folder, keep a backup."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import install_tokenizer_config as itc
-from datautil import FORMAT_SYSTEM_PROMPT, run_cli
+from ascend_rl.data import tokenizer_config as itc
+from ascend_rl.data.util import FORMAT_SYSTEM_PROMPT, run_cli
 from tiny_tokenizer import RECIPE_TOKENIZER_CONFIG, build_tokenizer_dir
 
 ORIGINAL = b'{"tokenizer_class": "Qwen2Tokenizer", "chat_template": "original"}\n'

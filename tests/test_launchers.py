@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import ray_cluster
+from ascend_rl import ray_cluster
 from launcher_env import launcher_env, run_launcher
 
 REPO = Path(__file__).resolve().parents[1]

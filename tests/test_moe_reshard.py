@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[1] / "llm_rl" / "deepseek_r1"
-sys.path.insert(0, str(RECIPE))
+from llm_rl.deepseek_r1 import bench_reshard as bench
+from llm_rl.deepseek_r1 import moe_reshard as mr
 
-import bench_reshard as bench  # noqa: E402
-import moe_reshard as mr  # noqa: E402
+RECIPE = Path(mr.__file__).parent
 
 W1 = 2 * 7168 * 2048 * 2  # bytes of one DeepSeek-V3 expert's fused gate/up weight
 # experts of each of 4 EP ranks, out of order: sends need packing, receives a permutation

@@ -24,10 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-RECIPE = Path(__file__).resolve().parents[1] / "llm_rl" / "deepseek_r1"
-sys.path.insert(0, str(RECIPE))
+from llm_rl.deepseek_r1 import moe_reshard as mr
 
-import moe_reshard as mr  # noqa: E402
+RECIPE = Path(mr.__file__).parent
 
 SHIM = "verl/utils/megatron/expert_reshard.py"
 UTILS = "verl/utils/megatron_utils.py"

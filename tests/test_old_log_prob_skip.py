@@ -29,7 +29,7 @@ def _series(recipe: str) -> list[str]:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, _pristine_verl_master) -> dict:
     """Run the checks below in a subprocess against the deepseek_r1-patched tree; return its JSON."""
-    import overlay
+    from ascend_rl import overlay
 
     assert any("old-log-prob-skip" in p for p in _series("deepseek_r1")), "skip patches not in the series"
     tree = tmp_path_factory.mktemp("skip") / "verl-tree"

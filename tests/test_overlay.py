@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import overlay
+from ascend_rl import overlay
+from ascend_rl.paths import REPO
 
-SCRIPT = Path(overlay.__file__)
+OVERLAY = ["-m", "ascend_rl", "overlay"]  # the command, as a user runs it
 PIN = overlay.load_recipe("qwen2_5")
 PADDING = "verl/workers/roles/utils/padding.py"
 PROTOCOL = "verl/protocol.py"
@@ -86,7 +87,7 @@ def make_recipe(
 
 def cli(*args: str | Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
+        [sys.executable, *OVERLAY, *map(str, args)],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -340,7 +341,7 @@ def test_fetch_from_sdist_and_refusals(tmp_path, verl_sdist_path, pristine_verl)
 
 
 def test_apply_patches_sh_wrapper(tmp_path, verl_tree, two_patches):
-    script = SCRIPT.parent / "apply_patches.sh"
+    script = REPO / "scripts" / "apply_patches.sh"
     recipe = make_recipe(tmp_path, two_patches)
     env = {**os.environ, "PYTHON": sys.executable}
     before = tree_hash(verl_tree)
@@ -374,7 +375,7 @@ def test_python_without_tomllib_gets_one_line(tmp_path):
     """Python 3.10 has no tomllib: the tool says what to run it with instead of a traceback."""
     blocked = (
         "import runpy, sys; sys.modules['tomllib'] = None; "
-        f"sys.argv = ['overlay.py', 'list']; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+        "sys.argv = ['ascend_rl', 'overlay', 'list']; runpy.run_module('ascend_rl', run_name='__main__')"
     )
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stdout == ""

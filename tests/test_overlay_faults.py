@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-import overlay
+from ascend_rl import journal, overlay
+from ascend_rl.cli import overlay as overlay_cli
 from test_overlay import PROTOCOL, cli, make_patch, make_recipe, tree_hash
 
 DEEPSEEK = overlay.load_recipe("deepseek_r1")
 SERIES = overlay.load_series(DEEPSEEK)
 TOUCHED = sorted({fp.path for patch in SERIES for fp in patch.files})
-CONTROL = (overlay.LOCK_NAME, overlay.TXN_NAME, overlay.TXN_PREP)
+CONTROL = (journal.LOCK_NAME, journal.TXN_NAME, journal.TXN_PREP)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def reset(tree: Path, reference: Path) -> None:
 
 
 def run_dying(args: list, crash_after: int) -> int | None:
-    """overlay.main(args) in a forked child that SIGKILLs itself after its Nth file operation.
+    """overlay_cli.main(args) in a forked child that SIGKILLs itself after its Nth file operation.
 
     None when it was killed, else its exit status (it finished in fewer operations).
     """
@@ -60,11 +61,11 @@ def run_dying(args: list, crash_after: int) -> int | None:
     if pid == 0:  # the child: never return into pytest
         code = 99
         try:
-            os.environ[overlay.CRASH_ENV] = str(crash_after)
+            os.environ[journal.CRASH_ENV] = str(crash_after)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)
-            code = overlay.main([str(a) for a in args])
+            code = overlay_cli.main([str(a) for a in args])
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -83,7 +84,7 @@ def each_file_is_old_or_new(tree: Path, refs: dict[str, Path]) -> None:
 
 def status_of(tree: Path, capsys) -> tuple[int, str]:
     capsys.readouterr()
-    code = overlay.main(["status", "deepseek_r1", "--target", str(tree)])
+    code = overlay_cli.main(["status", "deepseek_r1", "--target", str(tree)])
     return code, capsys.readouterr().out
 
 
@@ -102,21 +103,21 @@ def check_killed_then_recovered(tree, refs, hashes, start, capsys, verb_for) -> 
             return n
         each_file_is_old_or_new(tree, refs)
         before = tree_hash(tree)
-        before.pop(overlay.LOCK_NAME)  # the dead command's lock file: the next holder removes it
+        before.pop(journal.LOCK_NAME)  # the dead command's lock file: the next holder removes it
         code, out = status_of(tree, capsys)
         assert tree_hash(tree) == before, f"status changed the tree after a kill at step {n}"
-        if (tree / overlay.TXN_NAME / overlay.JOURNAL_NAME).exists():
+        if (tree / journal.TXN_NAME / journal.JOURNAL_NAME).exists():
             assert code == 1 and f"interrupted: an {first} of deepseek_r1" in out, (n, out)
             assert f"completes the {first} first" in out
-        elif (tree / overlay.TXN_PREP).exists():  # killed before the commit: nothing changed yet
+        elif (tree / journal.TXN_PREP).exists():  # killed before the commit: nothing changed yet
             assert before.keys() - hashes[start].keys() == {
-                k for k in before if k.startswith(overlay.TXN_PREP)
+                k for k in before if k.startswith(journal.TXN_PREP)
             }
             assert code == 0 and "leftovers of an interrupted overlay command" in out, out
-        elif (tree / overlay.TXN_NAME).exists():  # killed while removing the spent journal
+        elif (tree / journal.TXN_NAME).exists():  # killed while removing the spent journal
             assert code == 0 and "leftovers of an interrupted overlay command" in out, out
         verb = verb_for(n)
-        assert overlay.main([verb, "deepseek_r1", "--target", str(tree)]) == 0, n
+        assert overlay_cli.main([verb, "deepseek_r1", "--target", str(tree)]) == 0, n
         want = "patched" if verb == "apply" else "pristine"
         assert tree_hash(tree) == hashes[want], f"kill at step {n}, then {verb}: not a clean {want} tree"
 
@@ -149,14 +150,14 @@ def test_recovery_killed_at_every_file_boundary(verl_tree, refs, hashes):
         m += 1
         reset(verl_tree, refs["pristine"])
         assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], staged_and_committed + 3) is None
-        assert (verl_tree / overlay.TXN_NAME).is_dir()
+        assert (verl_tree / journal.TXN_NAME).is_dir()
         code = run_dying(["apply", "deepseek_r1", "--target", verl_tree], m)
         if code is not None:  # the recovery and the (empty) apply after it ran to the end
             assert code == 0 and tree_hash(verl_tree) == hashes["patched"]
             break
         each_file_is_old_or_new(verl_tree, refs)
         verb = ("apply", "revert")[m % 2]
-        assert overlay.main([verb, "deepseek_r1", "--target", str(verl_tree)]) == 0
+        assert overlay_cli.main([verb, "deepseek_r1", "--target", str(verl_tree)]) == 0
         want = "patched" if verb == "apply" else "pristine"
         assert tree_hash(verl_tree) == hashes[want], f"recovery killed at step {m}, then {verb}"
     # 3 files were in place: the rest, then the journal and its folder, each a place to stop.
@@ -173,7 +174,7 @@ def test_killed_apply_keeps_file_modes(verl_tree, refs):
         assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 3) is None
     finally:
         os.umask(old_umask)
-    assert overlay.main(["apply", "deepseek_r1", "--target", str(verl_tree)]) == 0
+    assert overlay_cli.main(["apply", "deepseek_r1", "--target", str(verl_tree)]) == 0
     assert (verl_tree / existing).read_bytes() == (refs["patched"] / existing).read_bytes()
     assert (verl_tree / existing).stat().st_mode & 0o7777 == 0o750
     assert (verl_tree / new).stat().st_mode & 0o7777 == 0o640
@@ -181,7 +182,7 @@ def test_killed_apply_keeps_file_modes(verl_tree, refs):
 
 def umask_cli(mask: int, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(Path(overlay.__file__)), *map(str, args)],
+        [sys.executable, "-m", "ascend_rl", "overlay", *map(str, args)],
         capture_output=True,
         text=True,
         preexec_fn=lambda: os.umask(mask),
@@ -202,17 +203,17 @@ def test_modes_follow_the_umask_and_survive_replacement(verl_tree, mask):
 
 def test_changed_file_after_a_kill_is_refused_not_overwritten(verl_tree, refs):
     assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 3) is None
-    pending = overlay.read_pending(verl_tree)
+    pending = journal.read_pending(verl_tree)
     assert pending is not None and pending.todo
     victim = pending.todo[-1]["path"]
     (verl_tree / victim).write_text("edited by hand after the kill\n")
     before = tree_hash(verl_tree)
-    before.pop(overlay.LOCK_NAME)
+    before.pop(journal.LOCK_NAME)
     for verb in ("apply", "revert"):
         proc = cli(verb, "deepseek_r1", "--target", verl_tree)
         assert proc.returncode == 1, proc.stdout
         err = proc.stderr.strip().splitlines()
-        assert len(err) == 1 and victim in err[0] and str(verl_tree / overlay.TXN_NAME) in err[0], err
+        assert len(err) == 1 and victim in err[0] and str(verl_tree / journal.TXN_NAME) in err[0], err
         assert tree_hash(verl_tree) == before
     status = cli("status", "deepseek_r1", "--target", verl_tree)
     assert status.returncode == 1 and victim in status.stdout and "will refuse" in status.stdout
@@ -229,7 +230,7 @@ def test_fetch_onto_an_interrupted_tree_finishes_it(verl_tree, hashes):
 def test_dry_run_on_an_interrupted_tree_changes_nothing(verl_tree, hashes):
     assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 6) is None
     before = tree_hash(verl_tree)
-    before.pop(overlay.LOCK_NAME)
+    before.pop(journal.LOCK_NAME)
     proc = cli("revert", "deepseek_r1", "--target", verl_tree, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "a real run completes the apply first" in proc.stdout
@@ -245,7 +246,7 @@ def test_dry_run_on_an_interrupted_tree_changes_nothing(verl_tree, hashes):
 
 def popen(*args) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(Path(overlay.__file__)), *map(str, args)],
+        [sys.executable, "-m", "ascend_rl", "overlay", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -268,7 +269,7 @@ def test_killed_from_outside_at_random_moments(verl_tree, refs, hashes, verb):
         # Anywhere in the run; while files are staged; while they are renamed into place.
         mode = attempt % 3
         if mode:
-            marker = verl_tree / (overlay.TXN_PREP, overlay.TXN_NAME)[mode - 1]
+            marker = verl_tree / (journal.TXN_PREP, journal.TXN_NAME)[mode - 1]
             while proc.poll() is None and not marker.exists():
                 time.sleep(0.0005)
         time.sleep(rng.uniform(0, (span, 0.03, 0.005)[mode]))
@@ -317,13 +318,13 @@ def test_two_fetches_at_once_leave_one_pinned_tree(tmp_path, hashes):
 
 def test_a_held_lock_makes_the_second_command_wait(verl_tree, refs, hashes):
     reset(verl_tree, refs["patched"])
-    with overlay.tree_lock(verl_tree.resolve(), wait=0):
+    with journal.tree_lock(verl_tree.resolve(), wait=0):
         proc = popen("revert", "deepseek_r1", "--target", verl_tree, "--wait", "300")
         line = proc.stderr.readline()
         assert "waiting for another overlay command" in line and f"pid {os.getpid()}" in line, line
         assert proc.poll() is None
         held = tree_hash(verl_tree)
-        assert held.pop(overlay.LOCK_NAME) and held == hashes["patched"], "the waiting revert wrote"
+        assert held.pop(journal.LOCK_NAME) and held == hashes["patched"], "the waiting revert wrote"
     out, err = proc.communicate()
     assert proc.returncode == 0, err
     assert f"reverted {len(SERIES)} of {len(SERIES)}" in out
@@ -333,7 +334,7 @@ def test_a_held_lock_makes_the_second_command_wait(verl_tree, refs, hashes):
 @pytest.mark.parametrize("wait", ["0", "0.2"])
 def test_a_held_lock_refuses_after_the_wait_in_one_line(verl_tree, refs, wait):
     reset(verl_tree, refs["patched"])
-    with overlay.tree_lock(verl_tree.resolve(), wait=0):
+    with journal.tree_lock(verl_tree.resolve(), wait=0):
         before = tree_hash(verl_tree)
         proc = cli("revert", "deepseek_r1", "--target", verl_tree, "--wait", wait)
         assert tree_hash(verl_tree) == before
@@ -341,7 +342,7 @@ def test_a_held_lock_refuses_after_the_wait_in_one_line(verl_tree, refs, wait):
     err = proc.stderr.strip().splitlines()
     assert "another overlay command" in err[-1] and f"pid {os.getpid()}" in err[-1] and "--wait" in err[-1]
     assert len(err) == (1 if wait == "0" else 2), err
-    assert not (verl_tree / overlay.LOCK_NAME).exists()
+    assert not (verl_tree / journal.LOCK_NAME).exists()
 
 
 # --- revert is all or nothing -----------------------------------------------------------------------
@@ -410,7 +411,7 @@ def test_full_file_limit_refuses_with_the_file_and_leaves_nothing(verl_tree, ref
 
     before = tree_hash(verl_tree)
     proc = subprocess.run(
-        [sys.executable, str(Path(overlay.__file__)), "apply", "deepseek_r1", "--target", str(verl_tree)],
+        [sys.executable, "-m", "ascend_rl", "overlay", "apply", "deepseek_r1", "--target", str(verl_tree)],
         capture_output=True,
         text=True,
         preexec_fn=small_files,
@@ -450,7 +451,7 @@ def test_closed_stdout_is_a_clean_exit_and_the_work_is_done(verl_tree, hashes):
         read, write = os.pipe()
         os.close(read)  # nobody will read: the first line written fails with EPIPE
         proc = subprocess.run(
-            [sys.executable, str(Path(overlay.__file__)), *args, "deepseek_r1", "--target", str(verl_tree)],
+            [sys.executable, "-m", "ascend_rl", "overlay", *args, "deepseek_r1", "--target", str(verl_tree)],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
@@ -471,7 +472,7 @@ def test_wrapper_parses_options_before_any_fetch(tmp_path, verl_tree):
         "PIP_RETRIES": "0",
         "PIP_TIMEOUT": "2",
     }
-    script = Path(overlay.__file__).parent / "apply_patches.sh"
+    script = overlay.REPO / "scripts" / "apply_patches.sh"
 
     def run(*args):
         return subprocess.run(
@@ -507,7 +508,7 @@ with open(filler, "wb") as fh:
     except OSError:
         pass
 os.truncate(filler, max(filler.stat().st_size - 16 * 4096, 0))
-apply = [sys.executable, tool, "apply", "deepseek_r1", "--target", str(tree)]
+apply = [sys.executable, "-m", tool, "apply", "deepseek_r1", "--target", str(tree)]
 full = subprocess.run(apply, capture_output=True, text=True)
 out = {"rc": full.returncode, "err": full.stderr, "after_full": hashes()}
 filler.unlink()
@@ -524,7 +525,7 @@ def test_full_disk_changes_nothing_and_names_the_file(tmp_path, refs, hashes):
     mnt.mkdir()
     script = (
         f"mount -t tmpfs -o size=16m tmpfs {mnt} && exec {sys.executable} -c "
-        f'"$0" {Path(overlay.__file__)} {refs["pristine"]} {mnt}'
+        f'"$0" ascend_rl.cli.overlay {refs["pristine"]} {mnt}'
     )
     proc = subprocess.run(
         ["unshare", "-rm", "sh", "-c", script, FULL_DISK], capture_output=True, text=True, timeout=600

@@ -1,4 +1,4 @@
-"""scripts/parquet2json.py: MATH-lighteval parquet to OpenCompass's math.json."""
+"""ascend_rl/data/parquet2json.py: MATH-lighteval parquet to OpenCompass's math.json."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import parquet2json
-from datautil import last_boxed, run_cli
+from ascend_rl.data import parquet2json
+from ascend_rl.data.util import last_boxed, run_cli
 
 
 def write(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:

@@ -1,4 +1,4 @@
-"""Patch identifiers, DEP-3 headers and the generated tables (scripts/patchdoc.py), on the real patches.
+"""Patch identifiers, DEP-3 headers and the generated tables (ascend_rl/patchdoc.py), on the real patches.
 
 Each check is also shown to fail: on a header with the defect, a duplicate identifier, a stale table,
 a Symbols field that does not match what the diff touches in the verl 0.6.0 sdist.
@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import patchdoc  # noqa: E402
+from ascend_rl import patchdoc
 
 REPO = patchdoc.REPO
 ID_IN_TEXT = re.compile(r"(?<![\w/-])((?:shared|ds|qw|cpu)-\d{4})(?![\w-])")
@@ -171,7 +169,9 @@ def test_overlay_status_names_each_patch_by_identifier(pristine_verl: Path) -> N
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts/overlay.py"),
+            "-m",
+            "ascend_rl",
+            "overlay",
             "status",
             "deepseek_r1",
             "--target",
@@ -186,10 +186,10 @@ def test_overlay_status_names_each_patch_by_identifier(pristine_verl: Path) -> N
 
 
 def test_cli_help_and_one_line_errors() -> None:
-    script = str(REPO / "scripts/patchdoc.py")
-    helped = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    script = ["-m", "ascend_rl", "patchdoc"]
+    helped = subprocess.run([sys.executable, *script, "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "check" in helped.stdout
-    unknown = subprocess.run([sys.executable, script, "show", "ds-9999"], capture_output=True, text=True)
+    unknown = subprocess.run([sys.executable, *script, "show", "ds-9999"], capture_output=True, text=True)
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
-    shown = subprocess.run([sys.executable, script, "show", "shared-0008"], capture_output=True, text=True)
+    shown = subprocess.run([sys.executable, *script, "show", "shared-0008"], capture_output=True, text=True)
     assert shown.returncode == 0 and "Retire-When:" in shown.stdout

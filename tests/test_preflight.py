@@ -218,7 +218,7 @@ def test_card_count_that_is_not_a_number_is_one_line(tmp_path, verl_tree):
 def _cpu_tree_with_a_changed_patch(tree: Path) -> Path:
     """The qwen2_5 series and the CPU overlay applied to `tree`, then one line of cpu-0004 in it changed, as a
     tree built from an older version of that patch has it: the series no longer applies there."""
-    import overlay
+    from ascend_rl import overlay
 
     overlay.apply_series(
         overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"), tree, log=lambda m: None
@@ -234,7 +234,7 @@ def _cpu_tree_with_a_changed_patch(tree: Path) -> Path:
 def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left_alone(
     tmp_path, verl_tree, monkeypatch
 ):
-    import preflight
+    from ascend_rl import preflight
 
     trainer = _cpu_tree_with_a_changed_patch(verl_tree)
     # someone's own tree (VERL_DIR): refused, one line, nothing removed

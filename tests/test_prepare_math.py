@@ -1,4 +1,4 @@
-"""scripts/prepare_math.py: MATH-lighteval parquet to verl parquet, loaded back through verl's RLHFDataset."""
+"""ascend_rl/data/prepare_math.py: MATH-lighteval parquet to verl parquet, loaded back through verl's RLHFDataset."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import prepare_math
-from datautil import MATH_INSTRUCTION, last_boxed, run_cli
+from ascend_rl.data import prepare_math
+from ascend_rl.data.util import MATH_INSTRUCTION, last_boxed, run_cli
 from tiny_tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,12 +214,14 @@ def test_refuses_to_write_into_the_input_folder(math_dir, capsys):
 
 
 def test_command_line(math_dir, tmp_path):
-    script = REPO / "scripts" / "prepare_math.py"
-    help_run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, check=True)
+    script = ["-m", "ascend_rl", "prepare_math"]
+    help_run = subprocess.run([sys.executable, *script, "--help"], capture_output=True, text=True, check=True)
     assert "--input-dir" in help_run.stdout and "--dry-run" in help_run.stdout
     out = tmp_path / "cli-out"
     run = subprocess.run(
-        [sys.executable, script, "--input-dir", math_dir, "--output-dir", out], capture_output=True, text=True
+        [sys.executable, *script, "--input-dir", math_dir, "--output-dir", out],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr
     assert "wrote" in run.stdout

@@ -1,4 +1,4 @@
-"""scripts/prepare_math500.py: MATH-500 as the recipe's test parquet, from its own file or matched in a MATH test split."""
+"""llm_rl/qwen2_5/prepare_math500.py: MATH-500 as the recipe's test parquet, from its own file or matched in a MATH test split."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import prepare_math500
+from llm_rl.qwen2_5 import prepare_math500
 
 REPO = Path(__file__).resolve().parents[1]
 SUBSET = [
@@ -98,7 +98,8 @@ def test_a_file_without_unique_ids_is_one_line(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "prepare_math500.py"),
+            "-m",
+            "llm_rl.qwen2_5.prepare_math500",
             "--math500",
             str(bad),
             "--output",
@@ -117,7 +118,8 @@ def test_nothing_matched_writes_nothing(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "prepare_math500.py"),
+            "-m",
+            "llm_rl.qwen2_5.prepare_math500",
             "--math500",
             str(_jsonl(tmp_path / "t.jsonl", other)),
             "--match-in",

@@ -7,8 +7,7 @@ import py_compile
 
 import pytest
 
-import overlay
-import patchdoc
+from ascend_rl import overlay, patchdoc
 from test_overlay import tree_hash
 
 RECIPES = overlay.recipe_names()

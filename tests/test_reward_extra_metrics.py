@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import overlay
+from ascend_rl import overlay
 
 METRIC_UTILS = "verl/trainer/ppo/metric_utils.py"
 RAY_TRAINER = "verl/trainer/ppo/ray_trainer.py"

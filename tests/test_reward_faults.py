@@ -1,7 +1,7 @@
 """The MATH reward under faults: helpers killed in every state, hostile load, a caller that dies.
 
 Each test asserts scores and which processes survive, never how long anything took
-(`scripts/bench_reward.py` prints the time figures).
+(`llm_rl/qwen2_5/bench_reward.py` prints the time figures).
 """
 
 from __future__ import annotations

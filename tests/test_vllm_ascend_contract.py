@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import artifacts
+from ascend_rl import artifacts
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"

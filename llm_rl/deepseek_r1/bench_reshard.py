@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import moe_reshard as mr  # the script's own folder is on sys.path
+from llm_rl.deepseek_r1 import moe_reshard as mr
 
 GIB = 2**30
 

@@ -25,4 +25,4 @@ export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl}"
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
-exec python3 "$REPO_DIR/scripts/ray_cluster.py" start --npus "${NPUS_PER_NODE:-16}" "$@"
+PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec python3 -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"

@@ -164,18 +164,18 @@ esac
 OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
-"$PYTHON" scripts/preflight.py --recipe deepseek_r1 --config-name ppo_megatron_trainer \
+"$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --config-name ppo_megatron_trainer \
   --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   echo "node-by-node:"
-  "$PYTHON" scripts/ray_cluster.py plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
+  "$PYTHON" -m ascend_rl ray_cluster plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
     -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
   exit 0
 fi
 if [ "$PROFILE" = cpu ]; then
   export PYTHONPATH="$RECIPES_CPU_PYTHONPATH"  # main_ppo starts its own Ray (the user's PYTHONPATH last)
 else
-  "$PYTHON" scripts/ray_cluster.py wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
 fi
 
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"

@@ -5,7 +5,7 @@
 #
 # Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
 # holding train.parquet and test.parquet), VERL_DIR (default verl/, fetched and patched
-# by scripts/overlay.py), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
+# by ascend_rl/overlay.py), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
 # all relative to this folder. NPUS (default 4) sets the card count; run_qwen2_5_1_5b_single.sh
 # is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
 # --cpu (or PROFILE=cpu) runs the same launch on a machine with no NPU: cpu_profile.sh says what
@@ -131,7 +131,7 @@ OVERRIDES=(
 OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
-"$PYTHON" scripts/preflight.py --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
+"$PYTHON" -m ascend_rl preflight --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
   --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0

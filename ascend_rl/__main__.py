@@ -1,0 +1,82 @@
+"""python3 -m ascend_rl TOOL [ARGS...]: run one of the repository's commands (from the repository root,
+or anywhere once `pip install -e .` has installed the package)."""
+
+import sys
+
+# Before anything that needs 3.11 (tomllib, the syntax): one line saying what to run instead, not a traceback.
+try:
+    import tomllib  # noqa: F401
+except ImportError:
+    sys.exit(
+        f"ascend_rl: error: Python {sys.version.split()[0]} ({sys.executable}) has no tomllib; the tool needs "
+        "Python 3.11 or newer: run it with python3.11, or with .venv/bin/python (make setup)"
+    )
+
+import runpy  # noqa: E402
+
+# Tool name -> (module, what it does). Each module's own `if __name__ == "__main__"` block is the command.
+TOOLS = {
+    "overlay": (
+        "ascend_rl.cli.overlay",
+        "fetch a recipe's pinned verl tree; apply, check or revert its patches",
+    ),
+    "preflight": ("ascend_rl.preflight", "check a launch before it starts: tree, config, paths, stack"),
+    "patchdoc": (
+        "ascend_rl.patchdoc",
+        "list, show and check the patch headers; regenerate the README tables",
+    ),
+    "check_stack": ("ascend_rl.stack", "compare the installed Ascend stack with constraints.txt"),
+    "check_imports": ("ascend_rl.compat", "resolve every import of a verl tree against the pinned wheels"),
+    "ray_cluster": ("ascend_rl.ray_cluster", "plan, start and wait for a multi-node Ray cluster"),
+    "prepare_math": (
+        "ascend_rl.data.prepare_math",
+        "MATH-lighteval parquet -> the recipe's train/test parquet",
+    ),
+    "parquet2json": ("ascend_rl.data.parquet2json", "a parquet file -> JSON lines, to read or diff"),
+    "install_tokenizer_config": (
+        "ascend_rl.data.tokenizer_config",
+        "install the recipe's tokenizer_config.json into a model folder (backs up the original)",
+    ),
+    "evaluate": ("ascend_rl.evaluate", "greedy accuracy of a model (or verl checkpoint) on a test parquet"),
+    "e2e": ("ascend_rl.harness.e2e", "the recipes' real launch paths on CPU (make e2e)"),
+    "demo": (
+        "ascend_rl.harness.demo",
+        "GRPO through the Qwen launcher on CPU: a tiny model learns (make demo)",
+    ),
+    "demo_inprocess": ("ascend_rl.harness.inprocess", "the older in-process GRPO loop (make demo-inprocess)"),
+    "make_problems": ("ascend_rl.harness.make_problems", "regenerate the bundled demo problems"),
+}
+RECIPE_TOOLS = (
+    "llm_rl.qwen2_5.prepare_math500",
+    "llm_rl.qwen2_5.bench_reward",
+    "llm_rl.deepseek_r1.prepare_deepscaler",
+    "llm_rl.deepseek_r1.derive_config",
+    "llm_rl.deepseek_r1.bench_reshard",
+    "llm_rl.deepseek_r1.check_rollout",
+    "llm_rl.deepseek_r1.check_megatron",
+)
+
+
+def usage() -> str:
+    width = max(map(len, TOOLS))
+    lines = ["usage: python3 -m ascend_rl TOOL [ARGS...]   (TOOL --help for its options)", "", "tools:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in TOOLS.items()]
+    lines += ["", "recipe tools (python3 -m MODULE --help):"] + [f"  {m}" for m in RECIPE_TOOLS]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    tool, rest = argv[0], argv[1:]
+    if tool not in TOOLS:
+        print(f"ascend_rl: error: unknown tool '{tool}'; known: {', '.join(TOOLS)}", file=sys.stderr)
+        return 2
+    sys.argv = [f"python3 -m ascend_rl {tool}", *rest]
+    runpy.run_module(TOOLS[tool][0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

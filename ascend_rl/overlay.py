@@ -1,0 +1,478 @@
+#!/usr/bin/env python3
+"""Fetch a recipe's pinned verl tree and apply, check or revert its patch series.
+
+    python -m ascend_rl overlay fetch  qwen2_5
+    python -m ascend_rl overlay status qwen2_5 [--target DIR] [--wait SECONDS]
+    python -m ascend_rl overlay apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
+    python -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
+    python -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
+
+Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
+--wait seconds, then refuses), and every write goes through a journal in the tree's root
+(ROOT/.overlay-txn/): a command killed at any point, even by power loss, is finished by the next
+apply or revert, and `status` reports it until then. See "crash-safe writes" below.
+
+An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
+recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
+and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
+
+Exit status: 0 done, 1 refused or conflicting, 2 usage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ascend_rl import artifacts, patchset
+from ascend_rl.errors import OverlayError
+from ascend_rl.journal import (
+    DEFAULT_WAIT,
+    TXN_NAME,
+    TXN_PREP,
+    Pending,
+    _Change,
+    _commit,
+    _inside,
+    _Steps,
+    leftovers,
+    read_pending,
+    recover,
+    tree_lock,
+)
+from ascend_rl.manifest import Recipe, load_recipe, overlay_names, recipe_names, with_overlay
+from ascend_rl.paths import REPO
+
+APPLIED, APPLICABLE, CONFLICTING = "applied", "applicable", "conflicting"
+
+
+def load_series(recipe: Recipe) -> list[patchset.Patch]:
+    """Parse every patch of the series; a missing or corrupt one refuses the whole series."""
+    patches = []
+    for path in recipe.series:
+        if not path.is_file():
+            raise OverlayError(
+                f"patch {path.relative_to(REPO)} named in the manifest of {recipe.name} is missing; restore it"
+            )
+        try:
+            patches.append(patchset.parse(path))
+        except patchset.PatchError as exc:
+            raise OverlayError(f"{exc}; nothing was changed") from exc
+    return patches
+
+
+# --- the target tree ---------------------------------------------------------------------------
+
+
+def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = False) -> Path:
+    """The folder holding `verl/`, checked to exist and to be the pinned version."""
+    root = Path(target) if target is not None else recipe.default_target
+    if not root.exists():
+        if target is None:
+            raise OverlayError(f"{root} does not exist; run: python -m ascend_rl overlay fetch {recipe.cli}")
+        raise OverlayError(f"target {root} does not exist; pass the folder that contains {recipe.project}/")
+    if not root.is_dir():
+        raise OverlayError(f"target {root} is not a folder; pass the folder that contains {recipe.project}/")
+    package = root / recipe.project
+    if not package.is_dir():
+        if (root / "version" / "version").is_file() and (root / "__init__.py").is_file():
+            raise OverlayError(
+                f"{root} is the {recipe.project} package itself; pass its parent folder as --target"
+            )
+        raise OverlayError(
+            f"{root} holds no {recipe.project}/ package; pass a checkout, an unpacked sdist or a site-packages folder"
+        )
+    found = tree_version(root, recipe.project)
+    if found != recipe.version and not force:
+        raise OverlayError(
+            f"{root} is {recipe.project} {found or 'of unknown version'}, the recipe pins {recipe.version}; "
+            f"fetch the pinned tree or pass --force"
+        )
+    return root.resolve()
+
+
+def tree_version(root: Path, project: str = "verl") -> str | None:
+    """The version a verl tree declares in verl/version/version, or None."""
+    try:
+        return (root / project / "version" / "version").read_text().strip()
+    except OSError:
+        return None
+
+
+class Tree:
+    """An in-memory view of a folder: reads lazily, records writes, commits them crash-safely.
+
+    `view` overrides what the disk holds for some files (what an interrupted command's
+    journal will put there), so a dry run or `status` can plan on the tree as it will be.
+    """
+
+    def __init__(self, root: Path, view: dict[str, bytes | None] | None = None):
+        self.root = root
+        self.view = view or {}
+        self._disk: dict[str, bytes | None] = {}
+        self.now: dict[str, bytes | None] = {}
+
+    def _path(self, rel: str) -> Path:
+        return _inside(self.root, rel)
+
+    def _load(self, rel: str) -> None:
+        if rel not in self._disk:
+            full = self._path(rel)
+            if rel in self.view:
+                self._disk[rel] = self.view[rel]
+            else:
+                self._disk[rel] = full.read_bytes() if full.is_file() else None
+
+    def get(self, rel: str) -> bytes | None:
+        if rel not in self.now:
+            self._load(rel)
+            self.now[rel] = self._disk[rel]
+        return self.now[rel]
+
+    def set(self, rel: str, data: bytes | None) -> None:
+        self.get(rel)
+        self.now[rel] = data
+
+    def snapshot(self) -> dict[str, bytes | None]:
+        return dict(self.now)
+
+    def restore(self, snap: dict[str, bytes | None]) -> None:
+        for rel in snap:
+            self._load(rel)
+        self.now = dict(snap)
+
+    def changes(self) -> dict[str, bytes | None]:
+        return {rel: data for rel, data in self.now.items() if data != self._disk[rel]}
+
+    def flush(self, op: str = "apply", series: str = "", steps: _Steps | None = None) -> list[str]:
+        """Write every change through a journal (see `_commit`); returns the paths changed."""
+        if self.view:
+            raise RuntimeError("a Tree planned on a journal's view cannot be flushed; recover first")
+        changes = []
+        for rel, data in sorted(self.changes().items()):
+            full = self._path(rel)
+            mode = full.stat().st_mode & 0o7777 if full.is_file() else None
+            changes.append(_Change(rel, self._disk[rel], data, mode))
+        _commit(self.root, changes, op, series, steps or _Steps())
+        return [ch.rel for ch in changes]
+
+
+# --- series logic --------------------------------------------------------------------------------
+
+
+def _apply_patch(tree: Tree, patch: patchset.Patch) -> None:
+    """Apply one patch to the in-memory tree or raise HunkConflict, leaving the tree unchanged."""
+    staged = {fp.path: patchset.apply_file(fp, tree.get(fp.path)) for fp in patch.files}
+    for rel, data in staged.items():
+        tree.set(rel, data)
+
+
+def _try(tree: Tree, patch: patchset.Patch) -> patchset.HunkConflict | None:
+    snap = tree.snapshot()
+    try:
+        _apply_patch(tree, patch)
+        return None
+    except patchset.HunkConflict as exc:
+        return exc
+    finally:
+        tree.restore(snap)
+
+
+@dataclass
+class PatchState:
+    """Where one patch of the series stands on a tree."""
+
+    patch: patchset.Patch
+    state: str
+    detail: str = ""  # why it does not go on (conflicting)
+    off_detail: str = ""  # why it does not come off (conflicting): the file and hunk a revert names
+
+
+def plan(
+    recipe: Recipe, root: Path, view: dict[str, bytes | None] | None = None
+) -> tuple[list[PatchState], Tree, Tree]:
+    """Classify each patch; return the states, the tree with all applicable patches on, and the bare tree."""
+    patches = load_series(recipe)
+    # Walk back from the top: a patch counts as applied when it comes off cleanly
+    # and would not go on again; peel it off to see the ones beneath it.
+    base = Tree(root, view)
+    applied: set[int] = set()
+    ambiguous: set[int] = set()
+    stuck: dict[int, patchset.HunkConflict] = {}
+    for idx in range(len(patches) - 1, -1, -1):
+        patch = patches[idx]
+        off = _try(base, patch.reversed())
+        if off is None:
+            if _try(base, patch) is None:
+                ambiguous.add(idx)
+            else:
+                _apply_patch(base, patch.reversed())
+                applied.add(idx)
+        else:
+            stuck[idx] = off
+    # Walk forward from the bare tree, putting each patch (back) on in series order.
+    full = Tree(root, view)
+    full.restore(base.snapshot())
+    states = []
+    for idx, patch in enumerate(patches):
+        if idx in ambiguous:
+            why = "it applies both forward and in reverse; check the tree by hand"
+            states.append(PatchState(patch, CONFLICTING, why, why))
+            continue
+        conflict = _try(full, patch)
+        if conflict is None:
+            _apply_patch(full, patch)
+            states.append(PatchState(patch, APPLIED if idx in applied else APPLICABLE))
+        else:
+            states.append(PatchState(patch, CONFLICTING, str(conflict), str(stuck.get(idx, conflict))))
+    return states, full, base
+
+
+def _begin(
+    root: Path, dry_run: bool, steps: _Steps, log: Callable[[str], None]
+) -> dict[str, bytes | None] | None:
+    """With the lock held: finish an interrupted write, or (dry run) the view of the tree once finished."""
+    if not dry_run:
+        recover(root, steps, log)
+        return None
+    if note := leftovers(root):
+        log(f"{note}; a real run removes them")
+    pending = read_pending(root)
+    if pending is None:
+        return None
+    if pending.foreign:
+        raise OverlayError(pending.summary(refusing=True))
+    log(pending.summary().replace("the next apply or revert on this tree", "a real run"))
+    return pending.view
+
+
+def inspect_tree(
+    recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT, log: Callable[[str], None] | None = None
+) -> tuple[list[PatchState], Pending | None]:
+    """The states of the series on the tree as it will be once any interrupted write is finished."""
+    with tree_lock(root, wait, required=False, log=log):
+        pending = read_pending(root)
+        states, _, _ = plan(recipe, root, pending.view if pending else None)
+    return states, pending
+
+
+def series_status(
+    recipe: Recipe, target: str | Path | None = None, force: bool = False, wait: float = DEFAULT_WAIT
+) -> list[PatchState]:
+    """Each patch: applied, applicable or conflicting (with the file and hunk)."""
+    root = resolve_target(recipe, target, force)
+    return inspect_tree(recipe, root, wait)[0]
+
+
+def apply_series(
+    recipe: Recipe,
+    target: str | Path | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    wait: float = DEFAULT_WAIT,
+    log: Callable[[str], None] = print,
+) -> list[PatchState]:
+    """Apply every patch not yet applied; all or nothing. Returns the states before applying."""
+    return _change_series("apply", recipe, target, dry_run, force, wait, log)
+
+
+def revert_series(
+    recipe: Recipe,
+    target: str | Path | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    wait: float = DEFAULT_WAIT,
+    log: Callable[[str], None] = print,
+) -> list[PatchState]:
+    """Take every applied patch back off, last first; all or nothing. Returns the states before."""
+    return _change_series("revert", recipe, target, dry_run, force, wait, log)
+
+
+def _change_series(
+    op: str,
+    recipe: Recipe,
+    target: str | Path | None,
+    dry_run: bool,
+    force: bool,
+    wait: float,
+    log: Callable[[str], None],
+) -> list[PatchState]:
+    root = resolve_target(recipe, target, force)
+    steps = _Steps()
+    with tree_lock(root, wait, required=not dry_run):
+        view = _begin(root, dry_run, steps, log)
+        states, full, base = plan(recipe, root, view)
+        # Every patch must go on (or come off) before one byte changes. A revert names the
+        # topmost patch that does not come off, with the file and hunk where the tree differs.
+        bad = [s for s in states if s.state == CONFLICTING]
+        if bad and op == "apply":
+            raise OverlayError(f"{bad[0].patch.name} does not apply: {bad[0].detail}; nothing was changed")
+        if bad:
+            raise OverlayError(
+                f"{bad[-1].patch.name} does not come off: {bad[-1].off_detail}; "
+                f"restore those lines as the patch has them, or fix the tree by hand; nothing was changed"
+            )
+        if not dry_run:
+            (full if op == "apply" else base).flush(op, recipe.name, steps)
+    return states
+
+
+# --- fetch -----------------------------------------------------------------------------------------
+
+
+def fetch(
+    recipe: Recipe, source: str = "auto", dest: Path | None = None, log: Callable[[str], None] = print
+) -> Path:
+    """Materialise the pinned tree at `dest` (default llm_rl/<recipe>/verl) from git or the sdist."""
+    dest = Path(dest) if dest else recipe.default_target
+    if dest.exists():
+        found = tree_version(dest, recipe.project)
+        if found != recipe.version:
+            raise OverlayError(
+                f"{dest} exists but holds {recipe.project} {found or 'of unknown version'}; move it away and fetch again"
+            )
+        if (dest / TXN_NAME).exists() or (dest / TXN_PREP).exists():
+            with tree_lock(dest.resolve()):
+                recover(dest.resolve(), log=log)
+        log(f"{dest} already holds {recipe.project} {recipe.version}; nothing to fetch")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    if source in ("auto", "git"):
+        try:
+            return _fetch_git(recipe, dest, log)
+        except OverlayError as exc:
+            if source == "git" or "commit" in str(exc):
+                raise
+            errors.append(str(exc))
+            log(f"git clone failed ({exc}); falling back to the source distribution")
+    try:
+        archive = artifacts.verl_sdist(recipe.version, recipe.sdist_sha256)
+    except artifacts.ChecksumError as exc:
+        raise OverlayError(str(exc)) from exc
+    except artifacts.DownloadError as exc:
+        raise OverlayError(f"{exc}; or copy {recipe.sdist} into {artifacts.cache_dir()}") from exc
+    log(f"verified {archive.name} sha256 {recipe.sdist_sha256[:12]}...; unpacking")
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
+        unpacked = artifacts.unpack_sdist(archive, Path(tmp) / "tree")
+        if not _settle(unpacked, dest, recipe, log):
+            return dest
+    log(f"fetched {recipe.project} {recipe.version} (source distribution) into {dest}")
+    return dest
+
+
+def _settle(tree: Path, dest: Path, recipe: Recipe, log: Callable[[str], None]) -> bool:
+    """Move a fetched tree to `dest`; False when another fetch put the pinned tree there first."""
+    try:
+        os.replace(tree, dest)
+        return True
+    except OSError as exc:
+        if tree_version(dest, recipe.project) != recipe.version:
+            raise OverlayError(
+                f"moving the fetched tree to {dest} failed ({exc.strerror}); nothing was fetched"
+            ) from exc
+    log(
+        f"{dest} was fetched by another command meanwhile ({recipe.project} {recipe.version}); nothing to fetch"
+    )
+    return False
+
+
+def _fetch_git(recipe: Recipe, dest: Path, log: Callable[[str], None]) -> Path:
+    if shutil.which("git") is None:
+        raise OverlayError("git is not installed")
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
+        clone = Path(tmp) / "tree"
+        cmd = ["git", "clone", "--quiet", "--depth", "1", "--branch", recipe.tag, recipe.git_url, str(clone)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as exc:
+            raise OverlayError(f"git clone of {recipe.git_url} timed out") from exc
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            raise OverlayError(lines[-1].strip() if lines else f"git exited {proc.returncode}")
+        head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = head.stdout.strip()
+        if commit != recipe.commit:
+            raise OverlayError(
+                f"tag {recipe.tag} of {recipe.git_url} is commit {commit}, the manifest pins {recipe.commit}; refusing"
+            )
+        if not _settle(clone, dest, recipe, log):
+            return dest
+    log(f"fetched {recipe.project} {recipe.tag} (commit {recipe.commit[:12]}) into {dest}")
+    return dest
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> str | None:
+    """When the tree carries another recipe's (or overlay's) series, a line saying which and what to do."""
+    ours = set(recipe.series)
+    best: tuple[int, Recipe, int] | None = None
+    for name in recipe_names():
+        for overlay in (None, *overlay_names()):
+            try:
+                other = load_recipe(name)
+                other = with_overlay(other, overlay) if overlay else other
+            except OverlayError:
+                continue
+            if other.name == recipe.name or other.version != recipe.version:
+                continue
+            try:
+                states = inspect_tree(other, root, wait)[0]
+            except OverlayError:
+                continue
+            foreign = sum(1 for s in states if s.state == APPLIED and s.patch.source not in ours)
+            applied = sum(1 for s in states if s.state == APPLIED)
+            if foreign and (best is None or (foreign, applied) > (best[0], best[2])):
+                best = (foreign, other, applied)
+    if best is None:
+        return None
+    _, other, applied = best
+    return (
+        f"this tree carries recipe {other.cli}'s series ({applied} of {len(other.series)} patches applied), "
+        f"not only {recipe.cli}'s: revert it first (overlay.py revert {other.cli} --target {root}) "
+        f"or give {recipe.cli} a tree of its own (overlay.py fetch {recipe.cli} --dest DIR)"
+    )
+
+
+def apply_checked(
+    recipe: Recipe,
+    root: Path,
+    dry_run: bool = False,
+    force: bool = False,
+    wait: float = DEFAULT_WAIT,
+    log: Callable[[str], None] = print,
+) -> list[PatchState]:
+    """apply_series, and when a patch does not apply, the refusal says which series the tree carries."""
+    try:
+        return apply_series(recipe, root, dry_run, force, wait, log)
+    except OverlayError as exc:
+        if " does not apply: " in str(exc) and (note := carried_series(recipe, root, wait)):
+            raise OverlayError(f"{exc}; {note}") from exc
+        raise
+
+
+def apply_summary(recipe: Recipe, root: Path, states: list[PatchState], dry_run: bool = False) -> list[str]:
+    """What an apply did, one line a patch applied now and a closing line."""
+    dry = " (dry run: nothing written)" if dry_run else ""
+    todo = [s for s in states if s.state == APPLICABLE]
+    if not todo:
+        return [f"{recipe.name}: all {len(states)} patches already applied on {root}; nothing to do"]
+    lines = [f"  apply   {s.patch.name}" for s in todo]
+    return lines + [f"{recipe.name}: applied {len(todo)} of {len(states)} patches on {root}{dry}"]
+
+
+def revert_summary(recipe: Recipe, root: Path, states: list[PatchState], dry_run: bool = False) -> list[str]:
+    """What a revert did, one line a patch taken off and a closing line."""
+    dry = " (dry run: nothing written)" if dry_run else ""
+    done = [s for s in reversed(states) if s.state == APPLIED]
+    if not done:
+        return [f"{recipe.name}: no patch of the series is applied on {root}; nothing to revert"]
+    lines = [f"  revert  {s.patch.name}" for s in done]
+    return lines + [f"{recipe.name}: reverted {len(done)} of {len(states)} patches on {root}{dry}"]

