@@ -1,22 +1,10 @@
-#!/usr/bin/env python3
-"""Fetch a recipe's pinned verl tree and apply, check or revert its patch series.
+"""A recipe's patch series on a verl tree: plan, apply, revert and status, atomic and idempotent; fetching
+the pinned tree (git at the tag, or the sha256-checked sdist).
 
-    python -m ascend_rl overlay fetch  qwen2_5
-    python -m ascend_rl overlay status qwen2_5 [--target DIR] [--wait SECONDS]
-    python -m ascend_rl overlay apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
-    python -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
-    python -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
-
-Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
---wait seconds, then refuses), and every write goes through a journal in the tree's root
-(ROOT/.overlay-txn/): a command killed at any point, even by power loss, is finished by the next
-apply or revert, and `status` reports it until then. See "crash-safe writes" below.
-
-An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
-recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
-and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
-
-Exit status: 0 done, 1 refused or conflicting, 2 usage.
+Every operation holds the tree's lock and writes through its journal (ascend_rl/journal.py), so one
+killed at any point is finished by the next apply or revert. An overlay (patches/NAME/overlay.toml) is
+a series applied on top of a recipe's, into a tree of its own (llm_rl/<recipe>/verl-NAME/). The command
+around this is ascend_rl/cli/overlay.py (`python3 -m ascend_rl overlay --help`).
 """
 
 from __future__ import annotations
@@ -459,20 +447,22 @@ def apply_checked(
 
 
 def apply_summary(recipe: Recipe, root: Path, states: list[PatchState], dry_run: bool = False) -> list[str]:
-    """What an apply did, one line a patch applied now and a closing line."""
-    dry = " (dry run: nothing written)" if dry_run else ""
+    """What an apply did: one line a patch applied now, then a closing line."""
     todo = [s for s in states if s.state == APPLICABLE]
     if not todo:
         return [f"{recipe.name}: all {len(states)} patches already applied on {root}; nothing to do"]
-    lines = [f"  apply   {s.patch.name}" for s in todo]
-    return lines + [f"{recipe.name}: applied {len(todo)} of {len(states)} patches on {root}{dry}"]
+    return _summary("apply  ", "applied", recipe, root, states, todo, dry_run)
 
 
 def revert_summary(recipe: Recipe, root: Path, states: list[PatchState], dry_run: bool = False) -> list[str]:
-    """What a revert did, one line a patch taken off and a closing line."""
-    dry = " (dry run: nothing written)" if dry_run else ""
+    """What a revert did: one line a patch taken off, then a closing line."""
     done = [s for s in reversed(states) if s.state == APPLIED]
     if not done:
         return [f"{recipe.name}: no patch of the series is applied on {root}; nothing to revert"]
-    lines = [f"  revert  {s.patch.name}" for s in done]
-    return lines + [f"{recipe.name}: reverted {len(done)} of {len(states)} patches on {root}{dry}"]
+    return _summary("revert ", "reverted", recipe, root, states, done, dry_run)
+
+
+def _summary(verb, did, recipe, root, states, changed, dry_run) -> list[str]:
+    dry = " (dry run: nothing written)" if dry_run else ""
+    lines = [f"  {verb} {s.patch.name}" for s in changed]
+    return lines + [f"{recipe.name}: {did} {len(changed)} of {len(states)} patches on {root}{dry}"]

@@ -9,7 +9,7 @@
 Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
 --wait seconds, then refuses), and every write goes through a journal in the tree's root
 (ROOT/.overlay-txn/): a command killed at any point, even by power loss, is finished by the next
-apply or revert, and `status` reports it until then. See "crash-safe writes" below.
+apply or revert, and `status` reports it until then (the protocol: ascend_rl/journal.py).
 
 An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
 recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
