@@ -22,22 +22,28 @@ TOOLS = {
     ),
     "preflight": ("ascend_rl.preflight", "check a launch before it starts: tree, config, paths, stack"),
     "patchdoc": (
-        "ascend_rl.patchdoc",
+        "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",
     ),
-    "check_stack": ("ascend_rl.stack", "compare the installed Ascend stack with constraints.txt"),
-    "check_imports": ("ascend_rl.compat", "resolve every import of a verl tree against the pinned wheels"),
-    "ray_cluster": ("ascend_rl.ray_cluster", "plan, start and wait for a multi-node Ray cluster"),
+    "check_stack": ("ascend_rl.cli.stack", "compare the installed Ascend stack with constraints.txt"),
+    "check_imports": (
+        "ascend_rl.cli.compat",
+        "resolve every import of a verl tree against the pinned wheels",
+    ),
+    "ray_cluster": ("ascend_rl.cli.ray_cluster", "plan, start and wait for a multi-node Ray cluster"),
     "prepare_math": (
-        "ascend_rl.data.prepare_math",
+        "ascend_rl.cli.prepare_math",
         "MATH-lighteval parquet -> the recipe's train/test parquet",
     ),
-    "parquet2json": ("ascend_rl.data.parquet2json", "a parquet file -> JSON lines, to read or diff"),
+    "parquet2json": ("ascend_rl.cli.parquet2json", "a parquet file -> JSON lines, to read or diff"),
     "install_tokenizer_config": (
-        "ascend_rl.data.tokenizer_config",
+        "ascend_rl.cli.tokenizer_config",
         "install the recipe's tokenizer_config.json into a model folder (backs up the original)",
     ),
-    "evaluate": ("ascend_rl.evaluate", "greedy accuracy of a model (or verl checkpoint) on a test parquet"),
+    "evaluate": (
+        "ascend_rl.cli.evaluate",
+        "greedy accuracy of a model (or verl checkpoint) on a test parquet",
+    ),
     "e2e": ("ascend_rl.harness.e2e", "the recipes' real launch paths on CPU (make e2e)"),
     "demo": (
         "ascend_rl.harness.demo",

@@ -15,6 +15,7 @@ import pytest
 
 from ascend_rl import compat as check_imports
 from ascend_rl import overlay
+from ascend_rl.cli import compat as check_imports_cli
 
 SPMD = "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py"
 
@@ -132,7 +133,7 @@ def test_guards_are_recognised() -> None:
 
 def test_cli_lists_each_broken_import_and_exits_1(pristine_verl: Path, wheels, capsys) -> None:
     argv = [str(pristine_verl), "--vllm-wheel", str(wheels[0]), "--transformers-wheel", str(wheels[1])]
-    assert check_imports.main(argv) == 1
+    assert check_imports_cli.main(argv) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("6 unresolved, 3 guarded")
     assert (
@@ -142,13 +143,13 @@ def test_cli_lists_each_broken_import_and_exits_1(pristine_verl: Path, wheels, c
 
 
 def test_cli_usage_errors_exit_2(tmp_path: Path, capsys) -> None:
-    assert check_imports.main([str(tmp_path)]) == 2
+    assert check_imports_cli.main([str(tmp_path)]) == 2
     (tmp_path / "verl").mkdir()
     bogus = tmp_path / "not-a-wheel.whl"
     bogus.write_text("x")
-    assert check_imports.main([str(tmp_path), "--vllm-wheel", str(bogus)]) == 2
+    assert check_imports_cli.main([str(tmp_path), "--vllm-wheel", str(bogus)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
     with pytest.raises(SystemExit) as exc:
-        check_imports.main([])
+        check_imports_cli.main([])
     assert exc.value.code == 2

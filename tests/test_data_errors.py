@@ -180,7 +180,7 @@ def test_python_without_pyarrow_is_told_which_python_to_use(work):
     blocked = (
         "import runpy, sys; sys.modules['pyarrow'] = None; "
         "sys.argv = ['prepare_math', '--input-dir', 'math', '--output-dir', 'o']; "
-        "runpy.run_module('ascend_rl.data.prepare_math', run_name='__main__')"
+        "runpy.run_module('ascend_rl.cli.prepare_math', run_name='__main__')"
     )
     proc = subprocess.run([sys.executable, "-c", blocked], cwd=work, capture_output=True, text=True)
     assert proc.returncode == 1

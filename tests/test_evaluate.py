@@ -16,7 +16,7 @@ from ascend_rl.data.util import make_row, write_parquet_atomic
 from tiny_tokenizer import build_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
-EVALUATE = "ascend_rl.evaluate"
+EVALUATE = "ascend_rl.cli.evaluate"
 
 
 def _run(*args: str, python: str = sys.executable, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -123,7 +123,7 @@ def test_a_tokenizer_without_chat_template_is_one_line(tmp_path):
     data = _test_parquet(tmp_path / "test.parquet", [("What is $1+1$?", "2", "Level 1", "Algebra")])
     proc = _run("--model", str(model), "--data", str(data), timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "has no chat template" in proc.stderr and "install_tokenizer_config.py" in proc.stderr
+    assert "has no chat template" in proc.stderr and "ascend_rl install_tokenizer_config" in proc.stderr
 
 
 def test_prompts_longer_than_the_models_context_are_one_line(tmp_path):

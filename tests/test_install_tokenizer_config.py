@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl.data import tokenizer_config as itc
+from ascend_rl.cli import tokenizer_config as itc_cli
 from ascend_rl.data.util import FORMAT_SYSTEM_PROMPT, run_cli
 from tiny_tokenizer import RECIPE_TOKENIZER_CONFIG, build_tokenizer_dir
 
@@ -24,7 +24,7 @@ def model_dir(tmp_path) -> Path:
 
 
 def run(*argv) -> int:
-    return run_cli(itc.main, [str(a) for a in argv])
+    return run_cli(itc_cli.main, [str(a) for a in argv])
 
 
 def test_install_backs_up_once_and_is_idempotent(model_dir, capsys):

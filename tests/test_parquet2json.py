@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ascend_rl.cli import parquet2json as parquet2json_cli
 from ascend_rl.data import parquet2json
 from ascend_rl.data.util import last_boxed, run_cli
 
@@ -53,7 +54,7 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     src = write(tmp_path / "a.parquet", ROWS_A)
     assert (
         run_cli(
-            parquet2json.main, ["--input", str(src), "--output", str(tmp_path / "math.json"), "--dry-run"]
+            parquet2json_cli.main, ["--input", str(src), "--output", str(tmp_path / "math.json"), "--dry-run"]
         )
         == 0
     )
@@ -72,7 +73,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, case):
         data = write(src, ROWS_A).read_bytes()
         src.write_bytes(data[:-20])
     out = tmp_path / "math.json"
-    assert run_cli(parquet2json.main, ["--input", str(src), "--output", str(out)]) == 1
+    assert run_cli(parquet2json_cli.main, ["--input", str(src), "--output", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
     assert {

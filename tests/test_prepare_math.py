@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ascend_rl.cli import prepare_math as prepare_math_cli
 from ascend_rl.data import prepare_math
 from ascend_rl.data.util import MATH_INSTRUCTION, last_boxed, run_cli
 from tiny_tokenizer import load_tokenizer
@@ -144,7 +145,7 @@ def test_output_loads_in_verl_rlhf_dataset(math_dir, tmp_path, monkeypatch):
 
 
 def run_main(argv) -> int:
-    return run_cli(prepare_math.main, [str(a) for a in argv])
+    return run_cli(prepare_math_cli.main, [str(a) for a in argv])
 
 
 def test_dry_run_writes_nothing(math_dir, tmp_path, capsys):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write OpenCompass's MATH `math.json` from MATH-lighteval parquet files (problem, level, type, solution).
 
 The output is one JSON object keyed `<type>_<n>` (n counts from 1 within each type, in file order), each
@@ -7,14 +6,12 @@ value {problem, level, type, solution}: the layout OpenCompass's MATHDataset rea
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ascend_rl.data.prepare_math import read_columns
-from ascend_rl.data.util import DataError, run_cli, write_json_atomic
+from ascend_rl.data.util import DataError, write_json_atomic
 
 COLUMNS = ("problem", "level", "type", "solution")
 
@@ -73,29 +70,3 @@ def to_math_json(
     write_json_atomic(output, result, ensure_ascii=False)
     log(f"wrote {output}")
     return stats
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert MATH-lighteval parquet file(s) into OpenCompass's math.json (keys <type>_<n>).",
-    )
-    parser.add_argument(
-        "--input",
-        required=True,
-        nargs="+",
-        type=Path,
-        help="parquet file(s) with problem, level, type, solution",
-    )
-    parser.add_argument("--output", required=True, type=Path, help="the math.json to write")
-    parser.add_argument("--dry-run", action="store_true", help="read and count, write nothing")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    to_math_json(args.input, args.output, dry_run=args.dry_run)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

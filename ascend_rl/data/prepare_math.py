@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Turn local MATH-lighteval parquet files into verl's train.parquet and test.parquet, offline.
 
 Input: a directory with train-*.parquet and test-*.parquet (columns problem, level, type, solution),
@@ -8,8 +7,6 @@ The ground truth of each row is the last \\boxed{} of its solution; rows without
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +14,8 @@ from pathlib import Path
 from ascend_rl.data.util import (
     MATH_INSTRUCTION,
     DataError,
-    add_prompt_options,
     last_boxed,
     make_row,
-    prompt_settings,
-    run_cli,
     write_or_report,
 )
 
@@ -191,39 +185,3 @@ def convert(
         )
     write_or_report(tables, dry_run, log)
     return stats
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert local MATH-lighteval parquet files into verl train.parquet/test.parquet (offline).",
-    )
-    parser.add_argument(
-        "--input-dir",
-        required=True,
-        type=Path,
-        help="folder with train-*.parquet and test-*.parquet (or data/ below it)",
-    )
-    parser.add_argument(
-        "--output-dir", required=True, type=Path, help="where train.parquet and test.parquet are written"
-    )
-    add_prompt_options(
-        parser,
-        data_source=DATA_SOURCE,
-        system_prompt_default=False,
-        system_prompt_why="the Qwen recipe's chat template supplies it",
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    convert(
-        args.input_dir,
-        args.output_dir,
-        **prompt_settings(args),
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

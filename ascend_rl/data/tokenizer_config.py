@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Install the Qwen2.5 recipe's tokenizer_config.json into a downloaded model folder, or take it back out.
 
 The model's own file is kept as tokenizer_config.json.orig (made once, never overwritten), so --restore
@@ -9,16 +8,14 @@ Running the install twice changes nothing the second time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ascend_rl.data.util import DataError, run_cli
+from ascend_rl.data.util import DataError
 from ascend_rl.paths import RECIPES
 
 DEFAULT_CONFIG = RECIPES / "qwen2_5" / "tokenizer_config.json"
@@ -135,34 +132,3 @@ def restore(model_dir: str | Path, *, dry_run: bool = False, log: Callable[[str]
         for b, t in pairs:
             os.replace(b, t)
     return actions
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Install the Qwen2.5 recipe's tokenizer_config.json into a model folder, keeping the "
-        "original as tokenizer_config.json.orig.",
-    )
-    parser.add_argument("model_dir", type=Path, help="the downloaded model folder (holds config.json)")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=DEFAULT_CONFIG,
-        help="tokenizer config to install (default: the recipe's)",
-    )
-    parser.add_argument("--restore", action="store_true", help="put the original tokenizer files back")
-    parser.add_argument("--force", action="store_true", help="install even if the model is not a qwen2 model")
-    parser.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.restore:
-        restore(args.model_dir, dry_run=args.dry_run)
-    else:
-        install(args.model_dir, args.config, dry_run=args.dry_run, force=args.force)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """`make demo`: GRPO through the Qwen2.5 recipe's real launch path makes a tiny model better on held-out problems.
 
 1. inputs (set-up, reused while their settings are unchanged): the lookup task's problems

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Run the recipes' real launch paths on CPU and check that GRPO trains through them.
 
 Each run is the recipe's own launcher with its CPU profile (`run_qwen2_5_1_5b_single.sh --cpu`):

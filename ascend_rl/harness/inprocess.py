@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Run the qwen2_5 recipe's GRPO loop for a few steps on CPU with a tiny warm-started model, through verl's code.
 
 Fetches and patches verl 0.6.0 with the overlay tool, builds a tiny Qwen2 model and a tokenizer trained on

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Regenerate llm_rl/qwen2_5/demo/problems.jsonl: small-integer MATH-style problems for the CPU demo."""
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources, wait for a cluster to fill, print a node plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+from ascend_rl import ray_cluster as _library
+from ascend_rl.ray_cluster import (
+    DEFAULT_PORT,
+    IFNAME_VARS,
+    ClusterError,
+    ifname_ipv4,
+    node_plan,
+    ray_alive_counter,
+    resolve_ifname,
+    start_command,
+    wait_for_nodes,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line interface."""
+    parser = argparse.ArgumentParser(description=_library.__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    start = sub.add_parser("start", help="start this node's Ray process with NPU resources")
+    role = start.add_mutually_exclusive_group(required=True)
+    role.add_argument("--head", action="store_true", help="start the head node")
+    role.add_argument("--worker", metavar="HEAD_IP[:PORT]", help="join the head at this address")
+    start.add_argument("--nodes", type=int, default=1, help="on the head: wait until this many nodes joined")
+    start.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the nodes (head)")
+    start.add_argument("--npus", type=int, default=16, help="NPU resources of this node (A3: 16 dies)")
+    start.add_argument("--port", type=int, default=DEFAULT_PORT, help="Ray GCS port on the head")
+    start.add_argument("--ifname", help="socket interface (default $SOCKET_IFNAME, else the default route's)")
+    start.add_argument(
+        "--dry-run", action="store_true", help="print the environment and command, start nothing"
+    )
+
+    wait = sub.add_parser("wait", help="wait until the Ray cluster has N alive nodes")
+    wait.add_argument("--nodes", type=int, required=True)
+    wait.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
+    wait.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
+
+    plan = sub.add_parser("plan", help="print the node-by-node launch commands")
+    plan.add_argument("--nodes", type=int, required=True)
+    plan.add_argument("--head-ip", default="<head-ip>")
+    plan.add_argument("--port", type=int, default=DEFAULT_PORT)
+    plan.add_argument("--timeout", type=int, default=1800)
+    plan.add_argument("--ray-start", default="llm_rl/deepseek_r1/ray_start.sh")
+    plan.add_argument("job", nargs="+", help="the job command run on the head (after --)")
+    return parser.parse_args(argv)
+
+
+def _start(args: argparse.Namespace) -> int:
+    ifname = resolve_ifname(args.ifname)
+    node_ip = ifname_ipv4(ifname)
+    for var in IFNAME_VARS:
+        os.environ[var] = ifname
+    argv = start_command(args.head, args.worker, node_ip, args.npus, args.port)
+    print(" ".join(f"{var}={ifname}" for var in IFNAME_VARS))
+    print(shlex.join(argv))
+    if args.dry_run:
+        if args.head and args.nodes > 1:
+            print(f"then wait up to {args.timeout:g}s for {args.nodes} nodes")
+        return 0
+    proc = subprocess.run(argv)
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"ray start exited {proc.returncode}; read the lines above (`ray stop` clears a stale node)"
+        )
+    if args.head and args.nodes > 1:
+        wait_for_nodes(ray_alive_counter(f"{node_ip}:{args.port}"), args.nodes, args.timeout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    try:
+        if args.verb == "start":
+            return _start(args)
+        if args.verb == "wait":
+            wait_for_nodes(ray_alive_counter(args.address), args.nodes, args.timeout)
+            return 0
+        for line in node_plan(args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port):
+            print(line)
+        return 0
+    except ClusterError as exc:
+        print(f"ray_cluster: error: {exc}", file=sys.stderr)
+        return 1
+    except ConnectionError as exc:
+        print(
+            f"ray_cluster: error: cannot reach the Ray cluster ({exc}); start it with ray_start.sh --head",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The check_stack command (ascend_rl.stack): compare the installed Ascend stack with constraints.txt; exit 1 on any drift."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+
+from ascend_rl import stack as _library
+from ascend_rl.paths import REPO
+from ascend_rl.stack import GIT_SOURCE, _norm, check, read_git_sources, read_pins, recipe_extras, select_pins
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=_library.__doc__.splitlines()[0])
+    parser.add_argument(
+        "--constraints",
+        type=Path,
+        default=REPO / "constraints.txt",
+        help="pins to check (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--recipe", help="also check this recipe's [stack] extras (llm_rl/<recipe>/recipe.toml)"
+    )
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="check only these packages")
+    parser.add_argument(
+        "--list-extras", action="store_true", help="print the recipe's extras, one per line, and exit"
+    )
+    parser.add_argument(
+        "--git-source", metavar="NAME", help="print NAME's git URL and commit from constraints.txt and exit"
+    )
+    args = parser.parse_args(argv)
+    if not args.constraints.is_file():
+        print(f"check_stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
+        return 2
+    try:
+        extras = recipe_extras()
+        sources = read_git_sources(args.constraints)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        print(f"check_stack: error: {exc}", file=sys.stderr)
+        return 2
+    if args.recipe is not None and args.recipe not in extras:
+        known = ", ".join(extras) or "none"
+        print(f"check_stack: error: unknown recipe '{args.recipe}'; known recipes: {known}", file=sys.stderr)
+        return 2
+    if args.list_extras:
+        for name in extras.get(args.recipe or "", []):
+            print(name)
+        return 0
+    if args.git_source:
+        if _norm(args.git_source) not in sources:
+            print(
+                f"check_stack: error: no '# {GIT_SOURCE} {args.git_source} URL COMMIT' line in {args.constraints}",
+                file=sys.stderr,
+            )
+            return 2
+        print(*sources[_norm(args.git_source)])
+        return 0
+    pins, skipped = select_pins(read_pins(args.constraints), args.recipe, extras)
+    if args.only:
+        wanted = {_norm(n) for n in args.only}
+        pins = [(n, v) for n, v in pins if _norm(n) in wanted]
+    if not pins:
+        print(f"check_stack: error: no name==version pins to check in {args.constraints}", file=sys.stderr)
+        return 2
+    rows = check(pins, sources)
+    width = max(len(r[0]) for r in rows)
+    pin_w = max(12, *(len(r[1]) + 1 for r in rows))
+    got_w = max(16, *(len(r[2]) + 1 for r in rows))
+    print(f"{'package':<{width}}  {'pinned':<{pin_w}}{'installed':<{got_w}}status")
+    for name, pinned, got, status in rows:
+        print(f"{name:<{width}}  {pinned:<{pin_w}}{got:<{got_w}}{status}")
+    bad = [r for r in rows if r[3] != "ok"]
+    if bad:
+        what = ", ".join(f"{n} {g} (pinned {p}, {s})" for n, p, g, s in bad)
+        print(
+            f"check_stack: error: {len(bad)} package(s) off the pins: {what}; "
+            "rerun scripts/install_npu_stack.sh or pip install -c constraints.txt <name>",
+            file=sys.stderr,
+        )
+        return 1
+    note = f"; not checked, other recipes' extras: {', '.join(skipped)}" if skipped else ""
+    print(f"stack matches {args.constraints.name} ({len(rows)} packages){note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
