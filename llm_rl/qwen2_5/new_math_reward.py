@@ -124,13 +124,102 @@ def _boxed_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+_TRAILING = ".,;"  # punctuation a sentence puts after its answer (not "!": 5! is 120)
+
+
 def _strip_math(s: str) -> str:
-    """Drop math delimiters and a trailing full stop around an answer."""
-    s = s.strip()
+    """Drop math delimiters and trailing punctuation around an answer ($7$. is 7)."""
+    s = s.strip().rstrip(_TRAILING).strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
             s = s[len(left) : len(s) - len(right)].strip()
     return s.rstrip(".").strip()
+
+
+# ---------------------------------------------------------------- the shapes of an unboxed answer block
+#
+# The chat template asks for \boxed{} inside <answer>, but a policy early in training writes the bare
+# expression, a $...$ or \(...\) span, a sentence around it ("The answer is 7.", "so x = 5"), a thousands
+# separator or a bmatrix.  The block is reduced to the one expression it states, which is then judged like a
+# boxed one; a block that still reads as prose after that is handed to math_verify as it was.
+
+_MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_LEAD_IN_RE = re.compile(
+    r"^(?:(?:so|thus|therefore|hence|then|finally|overall|altogether|in\s+(?:conclusion|summary|total))\b[,:]?"
+    r"|(?:the\s+|my\s+|our\s+)?(?:final\s+|correct\s+)?answer\s*(?:is\b|=|:)?"
+    r"|(?:we\s+(?:get|have|find|obtain)|it\s+is|this\s+gives|which\s+gives)\b:?"
+    r"|answer:|\*\*answer:?\*\*:?)\s*",
+    re.IGNORECASE,
+)
+_CUE_RE = re.compile(
+    r"(?:\b(?:is|are|equals?|gives?|get|obtain|find|so|thus|therefore|hence)|[=:])\s*$", re.I
+)
+_PROSE_RE = re.compile(
+    r"(?<![\\a-zA-Z{])[a-zA-Z]{3,}(?![a-zA-Z}])"
+)  # an English word, not \frac or \text{cm}
+_LAST_COPULA_RE = re.compile(r"^.*\b(?:is|are|equals|was|be)\s+", re.IGNORECASE | re.DOTALL)
+_PLAIN_UNIT_RE = re.compile(r"^(.*?[\d}])\s+((?:square\s+|cubic\s+)?[a-zA-Z]{2,}\.?)$")  # 12 ways, 5 cm
+_PLAIN_MIXED_RE = re.compile(r"^(-?\d+)\s+(\d+)/(\d+)$")  # 2 1/2
+_DELIMITERS_RE = re.compile(r"^\s*(?:\$\$|\$|\\\)|\\\])|(?:\$\$|\$|\\\(|\\\[)\s*$")
+_SEPARATOR = r"(?:,|\{,\}|,\\!|\\,|\\!|\\ |\\;|~| )"
+_THOUSANDS_RE = re.compile(rf"[-+]?\d{{1,3}}(?:{_SEPARATOR}\d{{3}})+(?:\.\d+)?")
+_SEPARATOR_RE = re.compile(_SEPARATOR)
+_MATRIX_ENV_RE = re.compile(
+    r"\\(begin|end)\{(?:bmatrix|Bmatrix|matrix|smallmatrix)\}"
+)  # not vmatrix: a determinant
+
+
+def _canonical(s: str) -> str:
+    """One spelling for shapes that mean the same value: 1,\\!000 is 1000, a bmatrix is a pmatrix."""
+    s = s.strip()
+    if _THOUSANDS_RE.fullmatch(s):
+        s = _SEPARATOR_RE.sub("", s)
+    mixed = _PLAIN_MIXED_RE.fullmatch(s)
+    if mixed is not None:
+        s = f"{mixed.group(1)}\\frac{{{mixed.group(2)}}}{{{mixed.group(3)}}}"
+    s = _MATRIX_ENV_RE.sub(lambda m: f"\\{m.group(1)}{{pmatrix}}", s)
+    unit = _PLAIN_UNIT_RE.fullmatch(s)
+    if unit is not None and not _PROSE_RE.search(unit.group(1)):
+        s = f"{unit.group(1)}\\text{{ {unit.group(2).rstrip('.')}}}"  # the unit the truth may imply
+    return s
+
+
+def _lead_in(text: str) -> str:
+    """text without the words a sentence puts before its answer (The answer is, So, Therefore, ...)."""
+    text = text.replace("**", "").replace("`", "").strip()
+    while True:
+        m = _LEAD_IN_RE.match(text)
+        if m is None or not m.group():
+            return text
+        text = text[m.end() :].strip()
+
+
+def _block_answer(block: str) -> _Answer:
+    """The one answer an unboxed <answer> block states, whatever its shape."""
+    ambiguous = bool(_OR_RE.search(block))
+    if _BOXED_RE.search(
+        block
+    ):  # a box left open (\\boxed{1): nothing to cut out; math_verify reads it as written
+        return _Answer(_strip_math(block) or None, False, ambiguous)
+    text = _lead_in(block.strip().rstrip(_TRAILING))
+    spans = [(m.start(g), m.end(g)) for m in _MATH_SPAN_RE.finditer(text) for g in range(1, 5) if m.group(g)]
+    if spans:
+        agree, others = _agree(text, spans)
+        # "Since $x=2$, the value of $k$ is $7$": after a cue the last span is the answer, else all must agree
+        if len(spans) > 1 and (others or not agree):
+            if _CUE_RE.search(_DELIMITERS_RE.sub("", text[spans[-2][1] : spans[-1][0]])):
+                agree, others = True, ()
+        answer = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]]))
+        return _Answer(answer or None, True, ambiguous or not agree, others)
+    plain = _strip_math(text)
+    if _PROSE_RE.search(_canonical(plain)):  # "The smallest such number is 7": what follows the verb
+        plain = _LAST_COPULA_RE.sub("", plain)
+    answer = _canonical(_strip_math(plain))
+    if not answer:
+        return _Answer(None, False, ambiguous)
+    if _PROSE_RE.search(answer):  # still a sentence: math_verify reads it as written, as before
+        return _Answer(_strip_math(block) or None, False, ambiguous)
+    return _Answer(answer, True, ambiguous)
 
 
 def _norm(s: str) -> str:
@@ -139,12 +228,17 @@ def _norm(s: str) -> str:
     s = _SPACING_RE.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    if _NORM_THOUSANDS_RE.fullmatch(s):
+        s = s.replace("{,}", "").replace(",", "")
+    s = _MATRIX_ENV_RE.sub(lambda m: f"\\{m.group(1)}{{pmatrix}}", s)
+    s = s.removeprefix("\\$").removeprefix("\\text{\\$}")
     s = _unicode(s).replace("^{\\circ}", "^\\circ").replace("\\degree", "^\\circ")
     s = s.replace("\\text{degrees}", "^\\circ").replace("\\text{degree}", "^\\circ")
     s = s.replace("\\text{percent}", "\\%").replace("\\mathrm{i}", "i").replace("\\text{i}", "i")
     return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
 
 
+_NORM_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?")
 _UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
 _UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
 _UNICODE_RE = re.compile("|".join(_UNICODE))
@@ -198,8 +292,7 @@ def extract_answer(response: str) -> _Answer:
             a, b = spans[-1]
             agree, others = _agree(block, spans)
             return _Answer(block[a:b], True, not agree, others)
-        plain = _strip_math(block)
-        return _Answer(plain or None, False, bool(_OR_RE.search(plain)))
+        return _block_answer(block)
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
@@ -434,6 +527,41 @@ def _exact(s: str) -> _Value | None:
         return None
 
 
+_UNIT_SPELLINGS = {  # the words for one unit that models write
+    "cm": "centimeter",
+    "m": "meter",
+    "km": "kilometer",
+    "mm": "millimeter",
+    "in": "inch",
+    "inche": "inch",
+    "ft": "foot",
+    "feet": "foot",
+    "sec": "second",
+    "s": "second",
+    "min": "minute",
+    "h": "hour",
+    "hr": "hour",
+    "g": "gram",
+    "kg": "kilogram",
+    "mph": "milesperhour",
+    "sq": "square",
+}
+
+
+def _unit_name(unit: str) -> str:
+    """One name for a unit word as _norm leaves it: \\text{cm}^2, \\text{centimeters}^2 -> centimeter2."""
+    m = re.fullmatch(r"\\(?:text|mbox|mathrm)\{([a-zA-Z.]+)\}(?:\^\{?([23])\}?)?", unit)
+    word = m.group(1).lower().rstrip(".") if m else unit
+    for prefix in ("square", "sq", "cubic"):
+        if word.startswith(prefix) and len(word) > len(prefix):
+            word, power = word[len(prefix) :], "2" if prefix != "cubic" else "3"
+            break
+    else:
+        power = m.group(2) or "" if m else ""
+    word = word[:-1] if word.endswith("s") and len(word) > 3 else word
+    return _UNIT_SPELLINGS.get(word, word) + power
+
+
 _DEGREES_RE = re.compile(r"\^\\circ$")
 _PERCENT_RE = re.compile(r"\\?%$")
 _BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
@@ -607,10 +735,21 @@ def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
     return False
 
 
+_ASSIGNMENT_RE = re.compile(r"([a-zA-Z])=([^=<>]+)")  # x=5: the value of one variable
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
     if a == t:
         return True
+    a_set, t_set = _ASSIGNMENT_RE.fullmatch(a), _ASSIGNMENT_RE.fullmatch(t)
+    if a_set is not None and (t_set is None and "=" not in t or t_set and t_set.group(1) == a_set.group(1)):
+        return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
+    if t_set is not None and a_set is None and "=" not in a:
+        return _verdict_one(a, t_set.group(2))
+    a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
+    if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
+        return None if _exact(a[: a_unit.start()]) is None else False  # 5 m is not 5 cm
     for rule in (_base_verdict, _chain_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -1414,7 +1553,7 @@ def _truths(ground_truth: Any) -> tuple[str, ...]:
         if text is None:
             continue
         spans = _boxed_spans(text) if "\\boxed" in text or "\\fbox" in text else []
-        text = _strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text)
+        text = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text))
         if text:
             out.append(text)
     return tuple(out)
