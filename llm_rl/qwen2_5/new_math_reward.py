@@ -19,7 +19,13 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
   must agree in value.
 
+Needs Python >= 3.10 and math_verify (``pip install math-verify==0.9.0``; Linux).  Without them the first call
+raises ``MathVerifyUnavailable``, saying what is missing and the line that installs it: a reward that scored
+every answer sympy must decide 0 would let a training run learn from zeros.
+
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
+TRL: ``GRPOTrainer(..., reward_funcs=trl_reward)``, the dataset's ``ground_truth`` (or ``solution``,
+``answer``) column holding the truth; completions plain or conversational.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import importlib.util
 import itertools
 import json
 import math
@@ -45,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+MIN_PYTHON = (3, 10)  # as math-verify 0.9.0 (and zip(strict=), X | Y in isinstance below)
+MATH_VERIFY_REQUIREMENT = "math-verify==0.9.0"  # the release this file is tested with (requirements.txt says why)
 DEFAULT_TIMEOUT_S = 1.0
 MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a MATH answer
 MAX_BRACE_DEPTH = 30
@@ -1080,6 +1089,35 @@ class _Unavailable(Exception):
     """math_verify cannot run in this Python (not installed, does not import)."""
 
 
+class MathVerifyUnavailable(RuntimeError):
+    """math_verify cannot be imported or run here, so no answer that needs sympy could be scored."""
+
+
+def _unavailable_message(why: str) -> str:
+    return (
+        f"new_math_reward needs math_verify in {sys.executable} (Python {sys.version.split()[0]}), and {why}; "
+        f"install it with: {sys.executable} -m pip install '{MATH_VERIFY_REQUIREMENT}' "
+        f"(it needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]})"
+    )
+
+
+def _require_math_verify(workers: int | None) -> None:
+    """Raise MathVerifyUnavailable unless this Python is new enough and math_verify imports in the helpers."""
+    if sys.version_info < MIN_PYTHON:
+        need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
+        raise MathVerifyUnavailable(
+            f"new_math_reward needs Python >= {need}, as math_verify does; {sys.executable} is Python "
+            f"{sys.version.split()[0]}: run it with Python >= {need}, after python3 -m pip install "
+            f"'{MATH_VERIFY_REQUIREMENT}' there"
+        )
+    pool = _get_pool(workers)
+    if pool.checked:
+        return
+    if importlib.util.find_spec("math_verify") is None:
+        raise MathVerifyUnavailable(_unavailable_message("it is not installed there"))
+    pool.check()
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process, None where /proc cannot say."""
     try:
@@ -1195,6 +1233,20 @@ class _Zygote:
             raise _WorkerDied("math_verify zygote exited")
         return json.loads(data), fds
 
+    def _read_ready(self, deadline: float) -> None:
+        """Read the zygote's first message (it has imported math_verify, or says why not); the lock is held."""
+        if not self.ready:
+            status, _ = self._message(deadline)
+            if not status.get("ready"):
+                error = status.get("error", "no reason given")
+                raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
+            self.ready = True
+
+    def wait_ready(self) -> None:
+        """Return once the zygote has imported math_verify; _Unavailable when it cannot, _WorkerDied if it died."""
+        with self.lock:
+            self._read_ready(time.monotonic() + ZYGOTE_STARTUP_TIMEOUT_S)
+
     def fork(self) -> _Worker:
         """A new worker; raises _Unavailable when math_verify cannot import, _WorkerDied when the zygote died."""
         with self.lock:
@@ -1204,12 +1256,7 @@ class _Zygote:
                 self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
             except (OSError, ValueError) as exc:
                 gone = exc  # it may have said why before it exited: read that first
-            if not self.ready:
-                status, _ = self._message(deadline)
-                if not status.get("ready"):
-                    error = status.get("error", "no reason given")
-                    raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
-                self.ready = True
+            self._read_ready(deadline)
             if gone is not None:
                 raise _WorkerDied(f"math_verify zygote gone ({gone})")
             status, fds = self._message(deadline)
@@ -1257,6 +1304,7 @@ class _Pool:
         self.zygote: _Zygote | None = None
         self.zygote_lock = threading.Lock()
         self.fatal: str | None = None
+        self.checked = False  # math_verify seen to import in the zygote
         self.closed = False
         atexit.register(self.close)
 
@@ -1415,6 +1463,20 @@ class _Pool:
                 return False, True
         return None, False
 
+    def check(self) -> None:
+        """Raise MathVerifyUnavailable unless math_verify imports in the helpers (waits for the zygote once)."""
+        if self.fatal is None and not self.checked:
+            zygote = self._get_zygote()
+            try:
+                zygote.wait_ready()
+                self.checked = True
+            except _Unavailable as exc:
+                self.fatal = str(exc)
+            except _WorkerDied:
+                pass  # a zygote killed while it starts is replaced by the next answer, as any helper death
+        if self.fatal is not None:
+            raise MathVerifyUnavailable(_unavailable_message(f"it does not import there: {self.fatal}"))
+
     def pids(self) -> dict[str, list[int]]:
         """Process ids by state (for tests and the benchmark)."""
         with self.cond:
@@ -1510,11 +1572,8 @@ def _verify(
         }
         equal, timed_out = pool.verify(request, timeout)
         if equal is None:
-            if pool.fatal is not None:
-                _warn_once(
-                    f"math_verify cannot run in {sys.executable} ({pool.fatal}); every answer that needs "
-                    "sympy scores 0 until it does (pip install math-verify)"
-                )
+            if pool.fatal is not None:  # it stopped importing since the first call (the package was removed)
+                pool.check()
             else:
                 _warn_once(
                     f"math_verify's worker died {MAX_ATTEMPTS} times on one answer, or could not be started "
@@ -1615,14 +1674,20 @@ def compute_score_dict(
     extra_info: Any = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``."""
+    """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``.
+
+    Raises MathVerifyUnavailable when math_verify cannot be imported or run; never for any input.
+    """
+    timeout, workers = _options(kwargs)
+    _require_math_verify(workers)
     try:
-        timeout, workers = _options(kwargs)
         prep = _prepare(solution_str, ground_truth)
         if prep.answer is None:
             return _zero()
         correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers)
         return _finish(prep, correct, timed_out)
+    except MathVerifyUnavailable:
+        raise
     except Exception:  # noqa: BLE001 - a reward must never take a training step down
         return _zero()
 
@@ -1646,13 +1711,14 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract."""
+    timeout, workers = _options(kwargs)
+    _require_math_verify(workers)
     try:
         responses = list(solution_strs or [])
         truths = list(ground_truths or [])
     except Exception:  # noqa: BLE001
         return []
     truths += [None] * (len(responses) - len(truths))
-    timeout, workers = _options(kwargs)
     results: list[dict[str, Any]] = [_zero() for _ in responses]
     preps: list[_Prepared | None] = []
     for response, truth in zip(responses, truths, strict=False):
@@ -1667,6 +1733,8 @@ def compute_score_batch(
             return
         try:
             results[i] = _finish(prep, *_verify(prep.answer, prep.truths, timeout, workers))
+        except MathVerifyUnavailable:
+            raise
         except Exception:  # noqa: BLE001
             results[i] = _zero()
 
@@ -1797,6 +1865,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, AttributeError, ValueError):
             pass
         message, status = "standard output closed before the end", 1
+    except MathVerifyUnavailable as exc:
+        message, status = str(exc), 1
     except (OSError, ValueError) as exc:
         message, status = str(exc), 1
     except Exception as exc:  # noqa: BLE001 - a command line error is one line, never a traceback
