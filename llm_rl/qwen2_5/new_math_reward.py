@@ -53,7 +53,7 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 MIN_PYTHON = (3, 10)  # as math-verify 0.9.0 (and zip(strict=), X | Y in isinstance below)
-MATH_VERIFY_REQUIREMENT = "math-verify==0.9.0"  # the release this file is tested with (requirements.txt says why)
+MATH_VERIFY_REQUIREMENT = "math-verify==0.9.0"  # the release tested with (requirements.txt says why)
 DEFAULT_TIMEOUT_S = 1.0
 MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a MATH answer
 MAX_BRACE_DEPTH = 30
@@ -1743,6 +1743,59 @@ def compute_score_batch(
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
         list(executor.map(score, range(len(responses))))
     return results
+
+
+# ---------------------------------------------------------------- TRL
+
+
+TRL_TRUTH_COLUMNS = (
+    "ground_truth",
+    "solution",
+    "answer",
+)  # the dataset column holding the truth, first found
+
+
+def _completion_text(completion: Any) -> Any:
+    """A TRL completion as text: a string, or the assistant messages of a conversational one, joined."""
+    if not isinstance(completion, list):
+        return completion
+    parts = []
+    for message in completion:
+        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(content if isinstance(content, str) else "")
+    return "".join(parts)
+
+
+def trl_reward(completions: list, **kwargs: Any) -> list[float]:
+    """TRL's ``GRPOTrainer`` reward function: one float per completion (plain or conversational).
+
+    TRL passes the dataset's other columns as keyword arguments; the truth is read from the first of
+    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``.
+    ``timeout`` and ``num_workers`` may be bound with ``functools.partial``.
+    """
+    column = next((name for name in TRL_TRUTH_COLUMNS if name in kwargs), None)
+    if column is not None:
+        truths = list(kwargs[column])
+    elif "reward_model" in kwargs:
+        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]]
+    else:
+        raise ValueError(
+            "trl_reward needs the ground truth in a dataset column named "
+            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the columns TRL passed are "
+            f"{sorted(k for k in kwargs if k not in ('prompts', 'completion_ids', 'trainer_state'))}"
+        )
+    if len(truths) != len(completions):
+        raise ValueError(f"trl_reward got {len(completions)} completions and {len(truths)} ground truths")
+    sources = kwargs.get("data_source") or [None] * len(completions)
+    options = {k: kwargs[k] for k in ("timeout", "num_workers") if k in kwargs}
+    results = compute_score_batch(
+        sources, [_completion_text(c) for c in completions], truths, None, **options
+    )
+    return [float(r["score"]) for r in results]
 
 
 # ---------------------------------------------------------------- command line
