@@ -5,6 +5,10 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
 * ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float``
   is verl's ``custom_reward_function`` contract; ``compute_score_dict`` returns the components too;
   ``compute_score_batch`` serves ``reward_model.reward_manager=batch``.
+* The answer is the ``<answer>`` block, judged by value whatever its shape: ``\\boxed{}``, bare LaTeX, a
+  ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
+  punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies.
+  Without a block, the last ``\\boxed{}`` after the reasoning.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
