@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -267,31 +269,91 @@ def test_no_helper_outlives_its_caller(tmp_path, how):
         proc.wait()
 
 
-def test_math_verify_that_cannot_import_is_reported_once(tmp_path):
+BROKEN = "raise ImportError('math_verify is broken in this Python')\n"
+
+
+def _run_reward(code: str, env: dict[str, str] | None = None, python: str = sys.executable, *flags: str):
+    return subprocess.run(
+        [python, *flags, "-c", textwrap.dedent(code), *FIRST_CALL_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+FIRST_CALL = """
+    import importlib.util, json, sys
+    spec = importlib.util.spec_from_file_location("custom_module", sys.argv[1])
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    response, truth = sys.argv[2], sys.argv[3]  # decided without sympy: the first call raises all the same
+    for call in (lambda: m.compute_score("s", response, truth), lambda: m.compute_score_batch(["s"], [response], [truth])):
+        try:
+            call()
+            print(json.dumps({"raised": None}))
+        except m.MathVerifyUnavailable as exc:
+            print(json.dumps({"raised": str(exc)}))
+"""
+FIRST_CALL_ARGS = (str(REWARD_PATH), make("\\boxed{0.5}"), "\\frac12")
+
+
+def _raised(done: subprocess.CompletedProcess) -> list[str | None]:
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line)["raised"] for line in done.stdout.splitlines()]
+
+
+def test_math_verify_that_cannot_import_fails_the_first_call(tmp_path):
     fake = tmp_path / "math_verify"
     fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('math_verify is broken in this Python')\n")
-    jobs = [(make("\\boxed{(x+2)(x+3)}"), "x^2+5x+6"), (make("\\boxed{(x+1)^2}"), "x^2+2x+1")]
-    jobs.append((make("\\boxed{0.5}"), "\\frac12"))  # decided without math_verify
-    code = textwrap.dedent(
-        f"""
-        import importlib.util, json, warnings
-        spec = importlib.util.spec_from_file_location("custom_module", {str(REWARD_PATH)!r})
-        m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            scores = [m.compute_score("s", r, t) for r, t in {jobs!r}]
-        print(json.dumps({{"scores": scores, "warnings": [str(w.message) for w in caught]}}))
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    (fake / "__init__.py").write_text(BROKEN)
+    raised = _raised(_run_reward(FIRST_CALL, {"PYTHONPATH": str(tmp_path)}))
+    for message in raised:  # both entry points, every call: no score is ever given without math_verify
+        assert message is not None and "math_verify is broken in this Python" in message
+        assert "-m pip install 'math-verify==" in message and "Python >= 3.10" in message
+
+
+def test_math_verify_not_installed_fails_the_first_call():
+    # -S: no site-packages, so no math_verify; the reward itself needs only the standard library
+    raised = _raised(_run_reward(FIRST_CALL, None, sys.executable, "-S"))
+    assert all(m is not None and "not installed" in m and "pip install 'math-verify==" in m for m in raised)
+
+
+def test_cli_without_math_verify_exits_non_zero_with_the_install_line(tmp_path):
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps({"response": make("\\boxed{0.5}"), "ground_truth": "\\frac12"}) + "\n")
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=False
+        [sys.executable, "-S", str(REWARD_PATH), "score", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    assert out["scores"] == [0.0, 0.0, 1.0]  # the cheap checks still score what they can decide
-    assert len(out["warnings"]) == 1 and "math_verify is broken in this Python" in out["warnings"][0]
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: new_math_reward needs math_verify")
+    assert "pip install 'math-verify==" in lines[0]
+
+
+def test_a_python_older_than_the_minimum_fails_the_first_call(reward, monkeypatch):
+    monkeypatch.setattr(reward, "MIN_PYTHON", (sys.version_info[0], sys.version_info[1] + 1))
+    with pytest.raises(reward.MathVerifyUnavailable, match=r"needs Python >= 3\.\d+, as math_verify does"):
+        reward.compute_score("s", make(), "1")
+
+
+def test_under_python_3_9_the_first_call_fails_loudly():
+    """Before, Python 3.9 scored every answer 0 without a word (a TypeError swallowed per answer)."""
+    candidates = [shutil.which("python3.9"), *sorted(Path.home().glob(".pyenv/versions/3.9*/bin/python3.9"))]
+    runs = [
+        str(p)
+        for p in candidates
+        if p and subprocess.run([p, "-c", "0"], capture_output=True).returncode == 0
+    ]
+    if not runs:
+        pytest.skip("no Python 3.9 on this machine (python3.9 on PATH or under ~/.pyenv)")
+    python = runs[0]
+    raised = _raised(_run_reward(FIRST_CALL, None, python))
+    assert all(m is not None and "needs Python >= 3.10" in m for m in raised)
 
 
 def test_warning_free_when_all_is_well(reward):

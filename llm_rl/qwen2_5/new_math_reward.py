@@ -5,6 +5,10 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
 * ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float``
   is verl's ``custom_reward_function`` contract; ``compute_score_dict`` returns the components too;
   ``compute_score_batch`` serves ``reward_model.reward_manager=batch``.
+* The answer is the ``<answer>`` block, judged by value whatever its shape: ``\\boxed{}``, bare LaTeX, a
+  ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
+  punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies.
+  Without a block, the last ``\\boxed{}`` after the reasoning.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -19,7 +23,13 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
   must agree in value.
 
+Needs Python >= 3.10 and math_verify (``pip install math-verify==0.9.0``; Linux).  Without them the first call
+raises ``MathVerifyUnavailable``, saying what is missing and the line that installs it: a reward that scored
+every answer sympy must decide 0 would let a training run learn from zeros.
+
 Command line: ``python new_math_reward.py score FILE.jsonl`` (``--help`` for the options).
+TRL: ``GRPOTrainer(..., reward_funcs=trl_reward)``, the dataset's ``ground_truth`` (or ``solution``,
+``answer``) column holding the truth; completions plain or conversational.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import importlib.util
 import itertools
 import json
 import math
@@ -45,6 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+MIN_PYTHON = (3, 10)  # as math-verify 0.9.0 (and zip(strict=), X | Y in isinstance below)
+MATH_VERIFY_REQUIREMENT = "math-verify==0.9.0"  # the release tested with (requirements.txt says why)
 DEFAULT_TIMEOUT_S = 1.0
 MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a MATH answer
 MAX_BRACE_DEPTH = 30
@@ -124,13 +137,103 @@ def _boxed_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+_TRAILING = ".,;"  # punctuation a sentence puts after its answer (not "!": 5! is 120)
+
+
 def _strip_math(s: str) -> str:
-    """Drop math delimiters and a trailing full stop around an answer."""
-    s = s.strip()
+    """Drop math delimiters and trailing punctuation around an answer ($7$. is 7)."""
+    s = s.strip().rstrip(_TRAILING).strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
             s = s[len(left) : len(s) - len(right)].strip()
     return s.rstrip(".").strip()
+
+
+# ---------------------------------------------------------------- the shapes of an unboxed answer block
+#
+# The chat template asks for \boxed{} inside <answer>, but a policy early in training writes the bare
+# expression, a $...$ or \(...\) span, a sentence around it ("The answer is 7.", "so x = 5"), a thousands
+# separator or a bmatrix.  The block is reduced to the one expression it states, which is then judged like a
+# boxed one; a block that still reads as prose after that is handed to math_verify as it was.
+
+_MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_LEAD_IN_RE = re.compile(
+    r"^(?:(?:so|thus|therefore|hence|then|finally|overall|altogether|in\s+(?:conclusion|summary|total))\b[,:]?"
+    r"|(?:the\s+|my\s+|our\s+)?(?:final\s+|correct\s+)?answer\s*(?:is\b|=|:)?"
+    r"|(?:we\s+(?:get|have|find|obtain)|it\s+is|this\s+gives|which\s+gives)\b:?"
+    r"|answer:|\*\*answer:?\*\*:?)\s*",
+    re.IGNORECASE,
+)
+_CUE_RE = re.compile(
+    r"(?:\b(?:is|are|equals?|gives?|get|obtain|find|so|thus|therefore|hence)|[=:])\s*$", re.I
+)
+_PROSE_RE = re.compile(
+    r"(?<![\\a-zA-Z{])[a-zA-Z]{3,}(?![a-zA-Z}])"
+)  # an English word, not \frac or \text{cm}
+_LAST_COPULA_RE = re.compile(r"^.*\b(?:is|are|equals|was|be)\s+", re.IGNORECASE | re.DOTALL)
+# a number and its unit: 12 ways, 5 cm, 3 m
+_PLAIN_UNIT_RE = re.compile(r"^(.*?[\d}])\s+((?:square\s+|cubic\s+)?(?:[a-zA-Z]{2,}|[mgsh])\.?)$")
+_PLAIN_MIXED_RE = re.compile(r"^(-?\d+)\s+(\d+)/(\d+)$")  # 2 1/2
+_DELIMITERS_RE = re.compile(r"^\s*(?:\$\$|\$|\\\)|\\\])|(?:\$\$|\$|\\\(|\\\[)\s*$")
+_SEPARATOR = r"(?:,|\{,\}|,\\!|\\,|\\!|\\ |\\;|~| )"
+_THOUSANDS_RE = re.compile(rf"[-+]?\d{{1,3}}(?:{_SEPARATOR}\d{{3}})+(?:\.\d+)?")
+_SEPARATOR_RE = re.compile(_SEPARATOR)
+_MATRIX_ENV_RE = re.compile(
+    r"\\(begin|end)\{(?:bmatrix|Bmatrix|matrix|smallmatrix)\}"
+)  # not vmatrix: a determinant
+
+
+def _canonical(s: str) -> str:
+    """One spelling for shapes that mean the same value: 1,\\!000 is 1000, a bmatrix is a pmatrix."""
+    s = s.strip()
+    if _THOUSANDS_RE.fullmatch(s):
+        s = _SEPARATOR_RE.sub("", s)
+    mixed = _PLAIN_MIXED_RE.fullmatch(s)
+    if mixed is not None:
+        s = f"{mixed.group(1)}\\frac{{{mixed.group(2)}}}{{{mixed.group(3)}}}"
+    s = _MATRIX_ENV_RE.sub(lambda m: f"\\{m.group(1)}{{pmatrix}}", s)
+    unit = _PLAIN_UNIT_RE.fullmatch(s)
+    if unit is not None and not _PROSE_RE.search(unit.group(1)):
+        s = f"{unit.group(1)}\\text{{ {unit.group(2).rstrip('.')}}}"  # the unit the truth may imply
+    return s
+
+
+def _lead_in(text: str) -> str:
+    """text without the words a sentence puts before its answer (The answer is, So, Therefore, ...)."""
+    text = text.replace("**", "").replace("`", "").strip()
+    while True:
+        m = _LEAD_IN_RE.match(text)
+        if m is None or not m.group():
+            return text
+        text = text[m.end() :].strip()
+
+
+def _block_answer(block: str) -> _Answer:
+    """The one answer an unboxed <answer> block states, whatever its shape."""
+    ambiguous = bool(_OR_RE.search(block))
+    if _BOXED_RE.search(
+        block
+    ):  # a box left open (\\boxed{1): nothing to cut out; math_verify reads it as written
+        return _Answer(_strip_math(block) or None, False, ambiguous)
+    text = _lead_in(block.strip().rstrip(_TRAILING))
+    spans = [(m.start(g), m.end(g)) for m in _MATH_SPAN_RE.finditer(text) for g in range(1, 5) if m.group(g)]
+    if spans:
+        agree, others = _agree(text, spans)
+        # "Since $x=2$, the value of $k$ is $7$": after a cue the last span is the answer, else all must agree
+        if len(spans) > 1 and (others or not agree):
+            if _CUE_RE.search(_DELIMITERS_RE.sub("", text[spans[-2][1] : spans[-1][0]])):
+                agree, others = True, ()
+        answer = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]]))
+        return _Answer(answer or None, True, ambiguous or not agree, others)
+    plain = _strip_math(text)
+    if _PROSE_RE.search(_canonical(plain)):  # "The smallest such number is 7": what follows the verb
+        plain = _LAST_COPULA_RE.sub("", plain)
+    answer = _canonical(_strip_math(plain))
+    if not answer:
+        return _Answer(None, False, ambiguous)
+    if _PROSE_RE.search(answer):  # still a sentence: math_verify reads it as written, as before
+        return _Answer(_strip_math(block) or None, False, ambiguous)
+    return _Answer(answer, True, ambiguous)
 
 
 def _norm(s: str) -> str:
@@ -139,12 +242,17 @@ def _norm(s: str) -> str:
     s = _SPACING_RE.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    if _NORM_THOUSANDS_RE.fullmatch(s):
+        s = s.replace("{,}", "").replace(",", "")
+    s = _MATRIX_ENV_RE.sub(lambda m: f"\\{m.group(1)}{{pmatrix}}", s)
+    s = s.removeprefix("\\$").removeprefix("\\text{\\$}")
     s = _unicode(s).replace("^{\\circ}", "^\\circ").replace("\\degree", "^\\circ")
     s = s.replace("\\text{degrees}", "^\\circ").replace("\\text{degree}", "^\\circ")
     s = s.replace("\\text{percent}", "\\%").replace("\\mathrm{i}", "i").replace("\\text{i}", "i")
     return _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
 
 
+_NORM_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?")
 _UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
 _UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
 _UNICODE_RE = re.compile("|".join(_UNICODE))
@@ -198,8 +306,7 @@ def extract_answer(response: str) -> _Answer:
             a, b = spans[-1]
             agree, others = _agree(block, spans)
             return _Answer(block[a:b], True, not agree, others)
-        plain = _strip_math(block)
-        return _Answer(plain or None, False, bool(_OR_RE.search(plain)))
+        return _block_answer(block)
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
@@ -434,6 +541,41 @@ def _exact(s: str) -> _Value | None:
         return None
 
 
+_UNIT_SPELLINGS = {  # the words for one unit that models write
+    "cm": "centimeter",
+    "m": "meter",
+    "km": "kilometer",
+    "mm": "millimeter",
+    "in": "inch",
+    "inche": "inch",
+    "ft": "foot",
+    "feet": "foot",
+    "sec": "second",
+    "s": "second",
+    "min": "minute",
+    "h": "hour",
+    "hr": "hour",
+    "g": "gram",
+    "kg": "kilogram",
+    "mph": "milesperhour",
+    "sq": "square",
+}
+
+
+def _unit_name(unit: str) -> str:
+    """One name for a unit word as _norm leaves it: \\text{cm}^2, \\text{centimeters}^2 -> centimeter2."""
+    m = re.fullmatch(r"\\(?:text|mbox|mathrm)\{([a-zA-Z.]+)\}(?:\^\{?([23])\}?)?", unit)
+    word = m.group(1).lower().rstrip(".") if m else unit
+    for prefix in ("square", "sq", "cubic"):
+        if word.startswith(prefix) and len(word) > len(prefix):
+            word, power = word[len(prefix) :], "2" if prefix != "cubic" else "3"
+            break
+    else:
+        power = m.group(2) or "" if m else ""
+    word = word[:-1] if word.endswith("s") and len(word) > 3 else word
+    return _UNIT_SPELLINGS.get(word, word) + power
+
+
 _DEGREES_RE = re.compile(r"\^\\circ$")
 _PERCENT_RE = re.compile(r"\\?%$")
 _BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
@@ -607,10 +749,21 @@ def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
     return False
 
 
+_ASSIGNMENT_RE = re.compile(r"([a-zA-Z])=([^=<>]+)")  # x=5: the value of one variable
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
     if a == t:
         return True
+    a_set, t_set = _ASSIGNMENT_RE.fullmatch(a), _ASSIGNMENT_RE.fullmatch(t)
+    if a_set is not None and (t_set is None and "=" not in t or t_set and t_set.group(1) == a_set.group(1)):
+        return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
+    if t_set is not None and a_set is None and "=" not in a:
+        return _verdict_one(a, t_set.group(2))
+    a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
+    if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
+        return False  # 5 m is not 5 cm (math_verify 0.9.0 drops both units and would say it is)
     for rule in (_base_verdict, _chain_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -941,6 +1094,35 @@ class _Unavailable(Exception):
     """math_verify cannot run in this Python (not installed, does not import)."""
 
 
+class MathVerifyUnavailable(RuntimeError):
+    """math_verify cannot be imported or run here, so no answer that needs sympy could be scored."""
+
+
+def _unavailable_message(why: str) -> str:
+    return (
+        f"new_math_reward needs math_verify in {sys.executable} (Python {sys.version.split()[0]}), and {why}; "
+        f"install it with: {sys.executable} -m pip install '{MATH_VERIFY_REQUIREMENT}' "
+        f"(it needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]})"
+    )
+
+
+def _require_math_verify(workers: int | None) -> None:
+    """Raise MathVerifyUnavailable unless this Python is new enough and math_verify imports in the helpers."""
+    if sys.version_info < MIN_PYTHON:
+        need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
+        raise MathVerifyUnavailable(
+            f"new_math_reward needs Python >= {need}, as math_verify does; {sys.executable} is Python "
+            f"{sys.version.split()[0]}: run it with Python >= {need}, after python3 -m pip install "
+            f"'{MATH_VERIFY_REQUIREMENT}' there"
+        )
+    pool = _get_pool(workers)
+    if pool.checked:
+        return
+    if importlib.util.find_spec("math_verify") is None:
+        raise MathVerifyUnavailable(_unavailable_message("it is not installed there"))
+    pool.check()
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process, None where /proc cannot say."""
     try:
@@ -1056,6 +1238,20 @@ class _Zygote:
             raise _WorkerDied("math_verify zygote exited")
         return json.loads(data), fds
 
+    def _read_ready(self, deadline: float) -> None:
+        """Read the zygote's first message (it has imported math_verify, or says why not); the lock is held."""
+        if not self.ready:
+            status, _ = self._message(deadline)
+            if not status.get("ready"):
+                error = status.get("error", "no reason given")
+                raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
+            self.ready = True
+
+    def wait_ready(self) -> None:
+        """Return once the zygote has imported math_verify; _Unavailable when it cannot, _WorkerDied if it died."""
+        with self.lock:
+            self._read_ready(time.monotonic() + ZYGOTE_STARTUP_TIMEOUT_S)
+
     def fork(self) -> _Worker:
         """A new worker; raises _Unavailable when math_verify cannot import, _WorkerDied when the zygote died."""
         with self.lock:
@@ -1065,12 +1261,7 @@ class _Zygote:
                 self.sock.sendmsg([b"fork"], [], socket.MSG_NOSIGNAL)
             except (OSError, ValueError) as exc:
                 gone = exc  # it may have said why before it exited: read that first
-            if not self.ready:
-                status, _ = self._message(deadline)
-                if not status.get("ready"):
-                    error = status.get("error", "no reason given")
-                    raise (_Unavailable if status.get("fatal") else _WorkerDied)(error)
-                self.ready = True
+            self._read_ready(deadline)
             if gone is not None:
                 raise _WorkerDied(f"math_verify zygote gone ({gone})")
             status, fds = self._message(deadline)
@@ -1118,6 +1309,7 @@ class _Pool:
         self.zygote: _Zygote | None = None
         self.zygote_lock = threading.Lock()
         self.fatal: str | None = None
+        self.checked = False  # math_verify seen to import in the zygote
         self.closed = False
         atexit.register(self.close)
 
@@ -1276,6 +1468,20 @@ class _Pool:
                 return False, True
         return None, False
 
+    def check(self) -> None:
+        """Raise MathVerifyUnavailable unless math_verify imports in the helpers (waits for the zygote once)."""
+        if self.fatal is None and not self.checked:
+            zygote = self._get_zygote()
+            try:
+                zygote.wait_ready()
+                self.checked = True
+            except _Unavailable as exc:
+                self.fatal = str(exc)
+            except _WorkerDied:
+                pass  # a zygote killed while it starts is replaced by the next answer, as any helper death
+        if self.fatal is not None:
+            raise MathVerifyUnavailable(_unavailable_message(f"it does not import there: {self.fatal}"))
+
     def pids(self) -> dict[str, list[int]]:
         """Process ids by state (for tests and the benchmark)."""
         with self.cond:
@@ -1371,11 +1577,8 @@ def _verify(
         }
         equal, timed_out = pool.verify(request, timeout)
         if equal is None:
-            if pool.fatal is not None:
-                _warn_once(
-                    f"math_verify cannot run in {sys.executable} ({pool.fatal}); every answer that needs "
-                    "sympy scores 0 until it does (pip install math-verify)"
-                )
+            if pool.fatal is not None:  # it stopped importing since the first call (the package was removed)
+                pool.check()
             else:
                 _warn_once(
                     f"math_verify's worker died {MAX_ATTEMPTS} times on one answer, or could not be started "
@@ -1414,7 +1617,7 @@ def _truths(ground_truth: Any) -> tuple[str, ...]:
         if text is None:
             continue
         spans = _boxed_spans(text) if "\\boxed" in text or "\\fbox" in text else []
-        text = _strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text)
+        text = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text))
         if text:
             out.append(text)
     return tuple(out)
@@ -1476,14 +1679,20 @@ def compute_score_dict(
     extra_info: Any = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``."""
+    """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``.
+
+    Raises MathVerifyUnavailable when math_verify cannot be imported or run; never for any input.
+    """
+    timeout, workers = _options(kwargs)
+    _require_math_verify(workers)
     try:
-        timeout, workers = _options(kwargs)
         prep = _prepare(solution_str, ground_truth)
         if prep.answer is None:
             return _zero()
         correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers)
         return _finish(prep, correct, timed_out)
+    except MathVerifyUnavailable:
+        raise
     except Exception:  # noqa: BLE001 - a reward must never take a training step down
         return _zero()
 
@@ -1507,13 +1716,14 @@ def compute_score_batch(
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract."""
+    timeout, workers = _options(kwargs)
+    _require_math_verify(workers)
     try:
         responses = list(solution_strs or [])
         truths = list(ground_truths or [])
     except Exception:  # noqa: BLE001
         return []
     truths += [None] * (len(responses) - len(truths))
-    timeout, workers = _options(kwargs)
     results: list[dict[str, Any]] = [_zero() for _ in responses]
     preps: list[_Prepared | None] = []
     for response, truth in zip(responses, truths, strict=False):
@@ -1528,6 +1738,8 @@ def compute_score_batch(
             return
         try:
             results[i] = _finish(prep, *_verify(prep.answer, prep.truths, timeout, workers))
+        except MathVerifyUnavailable:
+            raise
         except Exception:  # noqa: BLE001
             results[i] = _zero()
 
@@ -1536,6 +1748,59 @@ def compute_score_batch(
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
         list(executor.map(score, range(len(responses))))
     return results
+
+
+# ---------------------------------------------------------------- TRL
+
+
+TRL_TRUTH_COLUMNS = (
+    "ground_truth",
+    "solution",
+    "answer",
+)  # the dataset column holding the truth, first found
+
+
+def _completion_text(completion: Any) -> Any:
+    """A TRL completion as text: a string, or the assistant messages of a conversational one, joined."""
+    if not isinstance(completion, list):
+        return completion
+    parts = []
+    for message in completion:
+        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(content if isinstance(content, str) else "")
+    return "".join(parts)
+
+
+def trl_reward(completions: list, **kwargs: Any) -> list[float]:
+    """TRL's ``GRPOTrainer`` reward function: one float per completion (plain or conversational).
+
+    TRL passes the dataset's other columns as keyword arguments; the truth is read from the first of
+    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``.
+    ``timeout`` and ``num_workers`` may be bound with ``functools.partial``.
+    """
+    column = next((name for name in TRL_TRUTH_COLUMNS if name in kwargs), None)
+    if column is not None:
+        truths = list(kwargs[column])
+    elif "reward_model" in kwargs:
+        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]]
+    else:
+        raise ValueError(
+            "trl_reward needs the ground truth in a dataset column named "
+            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the columns TRL passed are "
+            f"{sorted(k for k in kwargs if k not in ('prompts', 'completion_ids', 'trainer_state'))}"
+        )
+    if len(truths) != len(completions):
+        raise ValueError(f"trl_reward got {len(completions)} completions and {len(truths)} ground truths")
+    sources = kwargs.get("data_source") or [None] * len(completions)
+    options = {k: kwargs[k] for k in ("timeout", "num_workers") if k in kwargs}
+    results = compute_score_batch(
+        sources, [_completion_text(c) for c in completions], truths, None, **options
+    )
+    return [float(r["score"]) for r in results]
 
 
 # ---------------------------------------------------------------- command line
@@ -1658,6 +1923,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, AttributeError, ValueError):
             pass
         message, status = "standard output closed before the end", 1
+    except MathVerifyUnavailable as exc:
+        message, status = str(exc), 1
     except (OSError, ValueError) as exc:
         message, status = str(exc), 1
     except Exception as exc:  # noqa: BLE001 - a command line error is one line, never a traceback
