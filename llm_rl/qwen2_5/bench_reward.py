@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ascend_rl.paths import REPO
+from llm_rl.qwen2_5 import reward_cases
 
 REWARD_PATH = Path(__file__).resolve().parent / "new_math_reward.py"
 BEFORE_REV = "b1d5914"  # the reward with a fixed pool of spawned workers and a wall-clock bound
@@ -331,10 +332,8 @@ def memory(module, workers: int) -> str:
 
 
 def hard(versions: dict[str, Path]) -> None:
-    """Accuracy on the hard judgements of tests/test_reward_hard.py (right answers and near misses)."""
-    tests = REPO / "tests"
-    sys.path.insert(0, str(tests))  # the table imports its helpers from test_reward, as pytest runs it
-    tables = _load_file(tests / "test_reward_hard.py", "hard_cases")
+    """Accuracy on the hard judgements (llm_rl/qwen2_5/reward_cases.py: right answers and near misses)."""
+    tables = reward_cases
     print(f"\nhard judgements ({len(tables.RIGHT)} right answers, {len(tables.WRONG)} near misses)")
     for name, path in versions.items():
         module = _load_file(path, f"reward_hard_{name}")
@@ -345,7 +344,7 @@ def hard(versions: dict[str, Path]) -> None:
                 boxed = answer if answer.startswith("\\boxed") else f"\\boxed{{{answer}}}"
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    got = module.compute_score_dict("s", tables.make(boxed), truth)["correct"]
+                    got = module.compute_score_dict("s", _response(random.Random(0), boxed), truth)["correct"]
                 if got != expected:
                     wrong.setdefault(category, [0, 0])[0 if expected else 1] += 1
         seconds = time.perf_counter() - start

@@ -1,0 +1,199 @@
+"""The reward's hard judgements, as data: for each category, answers equal in value to the truth (judged
+right) and near misses off by a sign, a factor, an endpoint or a base (judged wrong), each category both
+ways round where the rule is symmetric. tests/test_reward_hard.py asserts every verdict;
+`python3 -m llm_rl.qwen2_5.bench_reward --scenario hard` prints the accuracy of each reward version on them.
+"""
+
+from __future__ import annotations
+
+
+def both_ways(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return pairs + [(b, a) for a, b in pairs]
+
+
+REPEATING_RIGHT = both_ways(
+    [
+        ("0.\\overline{6}", "\\frac{2}{3}"),
+        ("0.1\\overline{6}", "\\frac{1}{6}"),
+        ("1.\\overline{3}", "\\frac{4}{3}"),
+        ("0.\\overline{142857}", "\\frac{1}{7}"),
+        ("0.\\overline{09}", "\\frac{1}{11}"),
+        ("2.4\\overline{36}", "\\frac{268}{110}"),
+        ("-0.\\overline{3}", "-\\frac13"),
+        ("0.\\overline{9}", "1"),
+        ("0.1\\dot{6}", "\\frac{1}{6}"),
+        ("0.\\dot{1}4285\\dot{7}", "\\frac{1}{7}"),
+        ("0.8\\overline{3}", "\\dfrac{5}{6}"),
+        ("0.\\overline{6}", "2/3"),
+        ("0.1\\bar{6}", "\\frac16"),
+        ("0.(6)", "\\frac23"),
+        ("−0.\\overline{6}", "-\\frac23"),  # a Unicode minus
+    ]
+)
+REPEATING_WRONG = both_ways(
+    [
+        ("0.\\overline{6}", "\\frac{1}{6}"),  # the period is not a digit after the point
+        ("0.\\overline{6}", "-\\frac{2}{3}"),  # sign
+        ("0.\\overline{3}", "\\frac{2}{3}"),
+        ("1.\\overline{3}", "\\frac{3}{4}"),
+        ("0.1\\overline{6}", "\\frac{1}{3}"),  # factor 2
+        ("0.\\overline{16}", "\\frac{1}{6}"),  # 16/99
+        ("0.\\overline{6}", "0.6"),
+        ("0.\\overline{142857}", "\\frac{1}{8}"),
+    ]
+)
+UNITS_RIGHT = [
+    ("36°", "36^\\circ"),
+    ("36^\\circ", "36°"),
+    ("36^{\\circ}", "36°"),
+    ("36", "36^\\circ"),
+    ("36°", "36"),
+    ("120^\\circ", "120^{\\circ}"),
+    ("12.5", "12.5\\%"),
+    ("12.5\\%", "12.5"),
+    ("25\\%", "25\\%"),
+    ("\\frac{25}{2}", "12.5\\%"),
+    ("36\\text{ degrees}", "36^\\circ"),
+    ("36 °", "36^{\\circ}"),
+    ("5\\text{ cm}", "5"),
+    ("5", "5\\text{ cm}"),
+    ("12.5\\text{ percent}", "12.5\\%"),
+]
+UNITS_WRONG = [
+    ("35°", "36^\\circ"),
+    ("36°", "-36^\\circ"),
+    ("72^\\circ", "36°"),
+    ("360", "36^\\circ"),
+    ("1.25", "12.5\\%"),
+    ("125", "12.5\\%"),
+    ("-12.5", "12.5\\%"),
+    ("12.5\\%", "125"),
+    ("6", "5\\text{ cm}"),
+]
+COMPLEX_RIGHT = both_ways(
+    [
+        ("0.6+0.8i", "\\frac{3}{5}+\\frac{4}{5}i"),
+        ("\\frac{3+4i}{5}", "\\frac{3}{5}+\\frac{4}{5}i"),
+        ("\\frac{3}{5}+\\frac45i", "0.6+0.8i"),
+        ("\\frac{5}{3-4i}", "\\frac{3}{5}+\\frac{4}{5}i"),
+        ("\\frac{4i+3}{5}", "0.6+0.8i"),
+        ("-1+2i", "2i-1"),
+        ("(1+i)^2", "2i"),
+        ("i^2", "-1"),
+        ("\\frac{1}{2}-\\frac{\\sqrt{3}}{2}i", "\\frac{1-i\\sqrt{3}}{2}"),
+        ("-i", "\\frac{1}{i}"),
+        ("3-4i", "3 - 4i"),
+        ("0.6+0.8\\mathrm{i}", "\\frac35+\\frac45i"),
+    ]
+)
+COMPLEX_WRONG = both_ways(
+    [
+        ("0.6-0.8i", "\\frac{3}{5}+\\frac{4}{5}i"),  # conjugate
+        ("\\frac{4+3i}{5}", "\\frac{3}{5}+\\frac{4}{5}i"),  # parts swapped
+        ("3+4i", "\\frac{3}{5}+\\frac{4}{5}i"),  # factor 5
+        ("-0.6-0.8i", "0.6+0.8i"),  # sign
+        ("2i", "2"),
+        ("i", "-i"),
+        ("1+i", "(1+i)^2"),
+    ]
+)
+INEQUALITY_RIGHT = both_ways(
+    [
+        ("3>x>-2", "-2<x<3"),
+        ("3 > x > -2", "-2 < x < 3"),
+        ("3\\geq x\\geq -2", "-2\\le x\\le 3"),
+        ("3\\ge x>-2", "-2<x\\leq3"),
+        ("x>-2", "-2<x"),
+        ("x\\geq 1", "1\\leq x"),
+        ("\\frac12>y", "y<0.5"),
+        ("3\\gt x\\gt -2", "-2\\lt x\\lt 3"),
+    ]
+)
+INEQUALITY_WRONG = both_ways(
+    [
+        ("3>x>2", "-2<x<3"),  # endpoint sign
+        ("3\\geq x>-2", "-2<x<3"),  # an endpoint included
+        ("3>x\\geq -2", "-2<x<3"),
+        ("4>x>-2", "-2<x<3"),
+        ("x>2", "x<2"),
+        ("x\\geq 1", "1<x"),
+        ("-2>x>3", "-2<x<3"),
+    ]
+)
+BASES_RIGHT = [
+    ("1011_2", "1011_2"),
+    ("1011_{2}", "1011_2"),
+    ("1011_2", "1011_{2}"),
+    ("1011", "1011_2"),
+    ("01011_2", "1011_2"),
+    ("\\text{A3}_{16}", "A3_{16}"),
+    ("A3", "A3_{16}"),
+    ("2012_3", "2012_{3}"),
+    ("11_{10}", "11"),
+    ("(1011)_2", "1011_2"),
+    ("a3_{16}", "A3_{16}"),
+    ("a3", "A3_{16}"),
+]
+BASES_WRONG = [
+    ("1011_3", "1011_2"),  # the issue's false positive: the base is part of the value
+    ("1011_2", "1011_3"),
+    ("1011_{10}", "1011_2"),
+    ("102_3", "1011_2"),  # the same number, not in the base asked for
+    ("11", "1011_2"),  # its value in base 10
+    ("1011_2", "11"),
+    ("1012", "1011_2"),  # 2 is no binary digit
+    ("1001_2", "1011_2"),
+    ("A4_{16}", "A3_{16}"),
+    ("2012_4", "2012_3"),
+    ("a4", "A3_{16}"),
+]
+BOXES_RIGHT = [
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.5}", "\\frac12"),
+    ("\\boxed{0.5} = \\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{0.\\overline{3}}, i.e. \\boxed{\\frac13}", "\\frac13"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+1)^2}", "(x+1)^2"),  # only sympy sees these are equal
+    ("\\boxed{2} \\boxed{2.0}", "2"),
+    ("\\boxed{3>x>-2} \\boxed{-2<x<3}", "-2<x<3"),
+]
+BOXES_WRONG = [
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.6}", "\\frac12"),  # disagree in value: refused
+    ("\\boxed{\\frac{1}{2}} = \\boxed{0.6}", "0.6"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+2)^2}", "(x+2)^2"),
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+2)^2}", "(x+1)^2"),
+    ("\\boxed{1} \\boxed{-1}", "1"),
+    ("\\boxed{\\frac12} = \\boxed{0.5}", "0.25"),  # agree with each other, not with the truth
+    ("\\boxed{9^{9^{9^{9^{9}}}}} = \\boxed{1}", "1"),  # a box sympy cannot compare in time: refused
+]
+INTERVAL_RIGHT = both_ways(
+    [
+        ("(-2,3)", "-2<x<3"),
+        ("x\\in(-2,3)", "3>x>-2"),
+        ("[-2,3)", "-2\\le x<3"),
+        ("(1,\\infty)", "x>1"),
+        ("(-\\infty,3]", "3\\geq x"),
+        ("\\{x \\mid -2<x<3\\}", "(-2,3)"),
+        ("\\{x : 3>x>-2\\}", "-2<x<3"),
+    ]
+)
+INTERVAL_WRONG = both_ways(
+    [
+        ("(-2,3]", "-2<x<3"),  # an endpoint included
+        ("(-2,4)", "-2<x<3"),
+        ("[1,\\infty)", "x>1"),
+        ("(-\\infty,1)", "x>1"),  # the other side
+        ("(2,3)", "-2<x<3"),  # sign
+        ("\\{x \\mid x>1\\}", "x<1"),
+        ("\\{x \\mid -2<x\\le 3\\}", "(-2,3)"),
+    ]
+)
+CATEGORIES = {  # name: (judged right, judged wrong)
+    "repeating decimal": (REPEATING_RIGHT, REPEATING_WRONG),
+    "degree or percent sign": (UNITS_RIGHT, UNITS_WRONG),
+    "complex number": (COMPLEX_RIGHT, COMPLEX_WRONG),
+    "inequality": (INEQUALITY_RIGHT, INEQUALITY_WRONG),
+    "interval": (INTERVAL_RIGHT, INTERVAL_WRONG),
+    "base": (BASES_RIGHT, BASES_WRONG),
+    "several boxes": (BOXES_RIGHT, BOXES_WRONG),
+}
+RIGHT = [(name, a, t) for name, (right, _) in CATEGORIES.items() for a, t in right]
+WRONG = [(name, a, t) for name, (_, wrong) in CATEGORIES.items() for a, t in wrong]
