@@ -15,9 +15,11 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
 Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
 run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
 actor's: training/rollout_probs_diff_mean) and the stale gap (the same gap had vLLM kept the initial
-weights: training/stale_probs_diff_mean) per step, and the step resumed from. The deepseek run skips
-the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006: actor/*_diff_mean);
-its random-weight policy is near uniform over the vocabulary, so they are judged on log-probabilities.
+weights: training/stale_probs_diff_mean) per step, and the step resumed from (the step verl's checkpoint
+tracker named as the run started, when the first step in metrics.jsonl is the one after it). The deepseek
+run skips the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006:
+actor/*_diff_mean); its random-weight policy is near uniform over the vocabulary, so they are judged on
+log-probabilities.
 It also checks each rank's AlltoAllV bytes per sync against the plan's and the model's arithmetic
 (<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The check: at the last
 step the stale gap is at least --min-stale and the rollout gap at most a fifth of it. Exit status:
@@ -230,6 +232,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
             "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
             "resumed_from_step": r.resumed_from,
+            "checkpoint_at_start": r.checkpoint_at_start,
             "wall_s": round(r.wall_s, 1),
             "peak_rss_gib": round(r.peak_rss_gib, 2),
         }
@@ -330,10 +333,12 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
         )
         if name == "resume":
-            got = run["resumed_from_step"]
-            results.append(
-                {"run": name, "check": "resumed", "ok": got == 2, "detail": f"verl resumed from step {got}"}
+            got, tracked = run["resumed_from_step"], run["checkpoint_at_start"]
+            first = run["steps_done"][0] if run["steps_done"] else None
+            detail = (
+                f"verl resumed from step {got} (tracker at the start: {tracked}, first step logged: {first})"
             )
+            results.append({"run": name, "check": "resumed", "ok": got == 2, "detail": detail})
         if name == DEEPSEEK:
             results += check_deepseek(run, args.steps)
         gap = run["gap"]

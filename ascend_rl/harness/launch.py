@@ -2,7 +2,11 @@
 
 A *launch* is `bash <launcher> --cpu <overrides>` with the run's folders in its environment (<out>/<name>/:
 launcher.log, metrics.jsonl from verl's `file` logger, ckpt/), run through ascend_rl.runner (its own process
-group, a timeout, peak memory over the process tree). Its steps are what verl's metrics file holds.
+group, a timeout, peak memory over the process tree). What the run did is read from what verl writes, never
+from its console: the steps from the metrics file, the step it resumed from from the checkpoint tracker
+(latest_checkpointed_iteration.txt in trainer.default_local_dir, the launcher's $CKPT_DIR/$RUN_NAME) as it
+stood before the run, confirmed by the first step in the metrics file. The console serves only the progress
+display (each new metrics row is shown as it appears) and the last error line of a failed run.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class RunResult:
     wall_s: float
     peak_rss_gib: float
     rows: list[dict] = field(default_factory=list)
-    resumed_from: int | None = None
+    resumed_from: int | None = None  # the checkpoint's step when verl continued from it, else None
+    checkpoint_at_start: int | None = None  # the step the checkpoint tracker named before the run
 
 
 def check_interpreter() -> str:
@@ -108,42 +113,61 @@ def launch(
     env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix)
     cmd = ["bash", str(launcher), "--cpu", *overrides]
     log_path = run_dir / "launcher.log"
-    metrics = run_dir / "metrics.jsonl"
+    metrics = Path(env["VERL_FILE_LOGGER_PATH"])
+    # resume_mode=auto loads what the tracker names as the run starts; the run may then save checkpoints of its own
+    checkpoint_at_start = tracked_step(Path(env["CKPT_DIR"]) / env["RUN_NAME"])
     print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
-    shown = 0
+    shown, seen_size = 0, -1
+
+    def show_new_steps() -> None:
+        nonlocal shown, seen_size
+        size = metrics.stat().st_size if metrics.is_file() else 0
+        if size == seen_size:
+            return
+        seen_size = size
+        rows = read_metrics(metrics)
+        for row in rows[shown:]:
+            print(f"{prefix}: {name}: {step_line(row)}", flush=True)
+        shown = len(rows)
 
     def show(line: str) -> None:
-        nonlocal shown
-        if "step:" in line and "training/" in line:  # verl's console line: a step is logged
-            rows = read_metrics(metrics)
-            for row in rows[shown:]:
-                print(f"{prefix}: {name}: {step_line(row)}", flush=True)
-            shown = len(rows)
-        elif line.startswith("preflight: error") or "Error executing job" in line:
+        show_new_steps()  # each console line is a moment to look at the metrics file again
+        if line.startswith("preflight: error") or "Error executing job" in line:
             print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
 
     done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
+    show_new_steps()
     if done.returncode != 0:
         why = "timed out" if done.timed_out else f"exit status {done.returncode}"
         raise HarnessError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
     rows = read_metrics(metrics)
     if not rows:
         raise HarnessError(f"{name} run logged no step to {metrics}; see {log_path}")
-    resumed_from = resumed_step(log_path)
     print(
         f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_rss_gib:.1f} GiB "
         "(all processes)"
     )
-    return RunResult(name, done.wall_s, done.peak_rss_gib, rows, resumed_from)
+    resumed_from = resumed_step(checkpoint_at_start, rows)
+    return RunResult(name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start)
 
 
-def resumed_step(log_path: Path) -> int | None:
-    """The step verl says it resumed from ("Found checkpoint: ... global_step_N"), or None."""
-    import re
+def tracked_step(ckpt_root: Path) -> int | None:
+    """The step verl's checkpoint tracker (ckpt_root/latest_checkpointed_iteration.txt) names, or None."""
+    tracker = ckpt_root / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text(encoding="utf-8").strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise HarnessError(f"{tracker} holds no step number; verl's checkpoint tracker is corrupt") from None
 
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    found = re.findall(r"Found checkpoint:.*global_step_(\d+)", text)
-    return int(found[-1]) if found else None
+
+def resumed_step(checkpoint_at_start: int | None, rows: list[dict]) -> int | None:
+    """The checkpoint's step when verl continued from it: the tracker named N at the start and verl's first
+    logged step is N + 1 (verl counts on from a loaded checkpoint's step); None otherwise."""
+    if checkpoint_at_start is None or not rows:
+        return None
+    return checkpoint_at_start if rows[0]["step"] == checkpoint_at_start + 1 else None
 
 
 def last_error(log_path: Path) -> str:
