@@ -661,7 +661,7 @@ def launch_plan(args: argparse.Namespace, recipe_spec, verl_dir: Path, env: dict
     }
 
 
-def launcher_env(names: list[str]) -> dict[str, str | None]:
+def plan_env(names: list[str]) -> dict[str, str | None]:
     """--env NAME (its value in this environment, None when unset) and NAME=VALUE (that value), in order."""
     env: dict[str, str | None] = {}
     for item in names:
@@ -796,7 +796,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         from ascend_rl import manifest
 
         spec = manifest.load_recipe(args.recipe)
-        plan = launch_plan(args, spec, verl_dir, launcher_env(args.env))
+        plan = launch_plan(args, spec, verl_dir, plan_env(args.env))
         print(json.dumps(plan), file=plan_out)
     return 0
 
