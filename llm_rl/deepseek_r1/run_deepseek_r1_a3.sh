@@ -45,7 +45,7 @@ case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
     # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
-    MEGATRON_DIR=$(cd "$REPO_DIR" && "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
+    MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
     RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # main_ppo starts its own Ray with these (the user's PYTHONPATH last)
