@@ -5,13 +5,16 @@ The launchers call this with the full override list they are about to hand to
 (idempotent, through ascend_rl/overlay.py), composes the overrides with Hydra against
 that tree's own `verl/trainer/config` in struct mode (a misspelt key is rejected with
 Hydra's message), then checks what only the real machine has. `--dry-run` does all of
-it but treats missing model, data and NPU as warnings, and prints the command line.
+it but treats missing model, data and NPU as warnings, and prints the command line; with `--json`
+it prints the *plan* instead, one JSON object on stdout (the report goes to stderr): what a tool
+reading the launch needs, as data (see `launch_plan`).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shlex
 import shutil
@@ -609,14 +612,62 @@ def key_facts(cfg) -> list[tuple[str, str]]:
     return facts
 
 
-def trainer_command(verl_dir: Path, config_name: str, overrides: list[str]) -> str:
-    """The exact command line the launcher runs."""
+def trainer_argv(config_name: str, overrides: list[str]) -> list[str]:
+    """The argv of the trainer the launcher runs (this Python is the launcher's)."""
     argv = [sys.executable, "-m", "verl.trainer.main_ppo"]
     if config_name != "ppo_trainer":
         argv += ["--config-name", config_name]
+    return argv + list(overrides)
+
+
+def trainer_command(verl_dir: Path, config_name: str, overrides: list[str]) -> str:
+    """The exact command line the launcher runs."""
     return f"PYTHONPATH={shlex.quote(str(verl_dir))}${{PYTHONPATH:+:$PYTHONPATH}} " + shlex.join(
-        argv + overrides
+        trainer_argv(config_name, overrides)
     )
+
+
+def final_overrides(overrides: list[str]) -> dict[str, str | None]:
+    """Each config key's last override as Hydra applies them (last one wins), keys without their +, ++ or ~
+    and in the order they first appear; a key whose last override deletes it (~key) maps to None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    final: dict[str, str | None] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group + (f"@{override.package}" if override.package else "")
+        final[key] = None if override.is_delete() else override.input_line.partition("=")[2]
+    return final
+
+
+def launch_plan(args: argparse.Namespace, recipe_spec, verl_dir: Path, env: dict[str, str | None]) -> dict:
+    """The dry run's plan: the trainer's argv and working folder, the overrides after last-one-wins, the verl
+    tree (its version and the recipe's base), the config name and the environment the launcher sets."""
+    from ascend_rl import overlay
+
+    return {
+        "recipe": args.recipe,
+        "config_name": args.config_name,
+        "verl": {
+            "tree": str(verl_dir),
+            "version": overlay.tree_version(verl_dir, recipe_spec.project),
+            "base": {"version": recipe_spec.version, "tag": recipe_spec.tag, "commit": recipe_spec.commit},
+            "overlay": args.overlay,
+        },
+        "argv": trainer_argv(args.config_name, args.overrides),
+        "cwd": str(REPO / "llm_rl" / args.recipe),
+        "override_args": list(args.overrides),
+        "overrides": final_overrides(args.overrides),
+        "env": env,
+    }
+
+
+def plan_env(names: list[str]) -> dict[str, str | None]:
+    """--env NAME (its value in this environment, None when unset) and NAME=VALUE (that value), in order."""
+    env: dict[str, str | None] = {}
+    for item in names:
+        name, sep, value = item.partition("=")
+        env[name] = value if sep else os.environ.get(name)
+    return env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -660,12 +711,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="fetch, patch and compose, report machine checks as warnings, print the command; exit 0",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --dry-run: print the plan (trainer argv, final overrides, verl tree, environment) as one "
+        "JSON object on stdout, the report on stderr",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="an environment variable the launcher sets for the trainer, for the plan (repeatable; "
+        "NAME alone: its value here)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.json and not args.dry_run:
+        parser.error("--json prints the dry run's plan; add --dry-run")
+    return args
 
 
 def run(args: argparse.Namespace, out=sys.stdout) -> int:
-    """Run every check, print the report; return the exit status."""
+    """Run every check, print the report (with --json: the plan on out, the report on stderr); return the
+    exit status."""
+    plan_out, out = (out, sys.stderr) if args.json else (None, out)
     verl_dir = (args.verl_dir or default_verl_dir(args.recipe)).resolve()
     if not (REPO / "llm_rl" / args.recipe / "recipe.toml").is_file():
         print(
@@ -722,6 +792,12 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             print(f"  {key} = {value}", file=out)
         print("command:", file=out)
         print(f"  {trainer_command(verl_dir, args.config_name, args.overrides)}", file=out)
+    if plan_out is not None:
+        from ascend_rl import manifest
+
+        spec = manifest.load_recipe(args.recipe)
+        plan = launch_plan(args, spec, verl_dir, plan_env(args.env))
+        print(json.dumps(plan), file=plan_out)
     return 0
 
 

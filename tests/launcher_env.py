@@ -20,3 +20,19 @@ def launcher_env(tmp_path: Path, verl_tree: Path, **extra: str) -> dict[str, str
 def run_launcher(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """bash SCRIPT ARGS..., output captured."""
     return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def dry_run_plan(proc: subprocess.CompletedProcess) -> dict:
+    """The plan a launcher's `--dry-run --json` prints: one JSON object, stdout's only content."""
+    import json
+
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def exported_names(*scripts: Path) -> set[str]:
+    """The variables these bash files export (`export NAME=...` lines)."""
+    import re
+
+    pattern = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
+    return {name for script in scripts for name in pattern.findall(script.read_text())}

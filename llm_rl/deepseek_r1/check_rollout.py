@@ -39,7 +39,6 @@ import dataclasses
 import json
 import os
 import resource
-import shlex
 import shutil
 import socket
 import subprocess
@@ -140,7 +139,7 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
 
 
 def launcher_overrides(dry_run_tree: Path, model_dir: Path, work: Path) -> list[str]:
-    """The overrides `run_deepseek_r1_a3.sh --variant real` passes to main_ppo, from its dry run's command line."""
+    """The overrides `run_deepseek_r1_a3.sh --variant real` passes to main_ppo, from its dry run's JSON plan."""
     env = dict(os.environ)
     env.update(
         PYTHON=sys.executable,
@@ -150,20 +149,25 @@ def launcher_overrides(dry_run_tree: Path, model_dir: Path, work: Path) -> list[
         CKPT_DIR=str(work / "ckpt"),
     )
     proc = subprocess.run(
-        ["bash", str(LAUNCHER), "--variant", "real", "--dry-run"],
+        ["bash", str(LAUNCHER), "--variant", "real", "--dry-run", "--json"],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
-    lines = proc.stdout.splitlines()
-    if proc.returncode != 0 or "command:" not in lines:
+    if proc.returncode != 0:
         raise CheckError(
             f"the launcher's dry run failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
         )
-    argv = shlex.split(lines[lines.index("command:") + 1].split("${PYTHONPATH:+:$PYTHONPATH}", 1)[1])
-    marker = argv.index("ppo_megatron_trainer")
-    return argv[marker + 1 :]
+    try:
+        plan = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise CheckError(
+            f"the launcher's dry run printed no JSON plan: {proc.stdout.strip()[-300:]}"
+        ) from None
+    if plan["config_name"] != "ppo_megatron_trainer":
+        raise CheckError(f"the launcher composes {plan['config_name']}, not ppo_megatron_trainer")
+    return plan["override_args"]
 
 
 def compose(tree: Path, overrides: list[str]):

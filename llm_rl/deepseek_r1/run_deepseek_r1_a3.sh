@@ -2,7 +2,7 @@
 # DeepSeek-R1 GRPO on a 128-card Atlas A3 SuperPoD (16 nodes x 16 dies), Megatron + MindSpeed
 # training, vLLM-Ascend rollout. Run on the head node once ray_start.sh has run on every node.
 #
-#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run] [--cpu] [--help] [hydra.override=value ...]
+#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
 #
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
@@ -10,7 +10,9 @@
 # (data/deepscaler), VERL_DIR (verl/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
 # against verl's ppo_megatron_trainer and prints the node-by-node commands. --cpu (or PROFILE=cpu): the same
-# launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes).
+# launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes). --json: the dry
+# run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl tree and base,
+# environment), the report and the node-by-node commands on stderr; it implies --dry-run.
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,14 +21,17 @@ REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
 VARIANT=real
 PROFILE="${PROFILE:-npu}"
 DRY_RUN=()
+JSON=()
+LAUNCH_ENV=()
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --variant) VARIANT="${2:?--variant needs real or random}"; shift 2 ;;
     --variant=*) VARIANT="${1#--variant=}"; shift ;;
     --dry-run) DRY_RUN=(--dry-run); shift ;;
+    --json) DRY_RUN=(--dry-run); JSON=(--json); shift ;;
     --cpu) PROFILE=cpu; shift ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -37,12 +42,14 @@ source "$RECIPE_DIR/env.sh"
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
 case "$PROFILE" in
-  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
+  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
     # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
     MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
     RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    # main_ppo starts its own Ray with these (the user's PYTHONPATH last)
+    RUN_PYTHONPATH="$RECIPES_CPU_PYTHONPATH"
     # shellcheck source=cpu_profile.sh
     source "$RECIPE_DIR/cpu_profile.sh" ;;
   *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
@@ -61,6 +68,10 @@ RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
 # Metrics backends as in the Qwen launcher: console + TensorBoard unless LOGGER says otherwise.
 LOGGER="${LOGGER:-console,tensorboard}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
+# What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
+# PYTHONPATH is set just before the trainer starts.
+LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR)
+TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
 # One mini-batch and one epoch keep the update on-policy, which the old_log_prob skip requires.
@@ -165,20 +176,21 @@ OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
 "$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --config-name ppo_megatron_trainer \
-  --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" -- "${OVERRIDES[@]}" "${ARGS[@]}"
+  --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" \
+  "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
-  echo "node-by-node:"
-  "$PYTHON" -m ascend_rl ray_cluster plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
-    -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
+  NODES_FD=1
+  [ "${#JSON[@]}" -eq 0 ] || NODES_FD=2  # stdout holds the JSON plan alone
+  {
+    echo "node-by-node:"
+    "$PYTHON" -m ascend_rl ray_cluster plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
+      -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
+  } >&"$NODES_FD"
   exit 0
 fi
-if [ "$PROFILE" = cpu ]; then
-  export PYTHONPATH="$RECIPES_CPU_PYTHONPATH"  # main_ppo starts its own Ray (the user's PYTHONPATH last)
-else
-  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
-fi
+[ "$PROFILE" = cpu ] || "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
 
-export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"

@@ -21,6 +21,7 @@ export RAY_USE_UVLOOP=0
 # Two cores: one thread per process keeps Ray's workers and vLLM's engine from oversubscribing.
 export OMP_NUM_THREADS="${CPU_OMP_NUM_THREADS:-1}"
 export TOKENIZERS_PARALLELISM=false
+LAUNCH_ENV+=(VLLM_CPU_KVCACHE_SPACE RAY_USE_UVLOOP TOKENIZERS_PARALLELISM)
 
 CPU_OVERRIDES=(
   trainer.device=cpu

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval, one Atlas A2 node (4 cards by default).
 #
-#   bash run_qwen2_5_1_5b.sh [--dry-run] [--cpu] [--help] [hydra.override=value ...]
+#   bash run_qwen2_5_1_5b.sh [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
 #
 # Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
 # holding train.parquet and test.parquet), VERL_DIR (default verl/, fetched and patched
@@ -10,6 +10,8 @@
 # is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
 # --cpu (or PROFILE=cpu) runs the same launch on a machine with no NPU: cpu_profile.sh says what
 # it changes (tiny model from e2e_out/, small batches, the verl-cpu tree, vLLM's CPU build).
+# --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl
+# tree and base, environment), the report on stderr; it implies --dry-run.
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,12 +21,15 @@ RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_${NPUS}npu}"
 
 PROFILE="${PROFILE:-npu}"
 DRY_RUN=()
+JSON=()
+LAUNCH_ENV=()
 ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=(--dry-run) ;;
+    --json) DRY_RUN=(--dry-run); JSON=(--json) ;;
     --cpu) PROFILE=cpu ;;
-    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --*=*|--[a-z]*) echo "$(basename "$0"): unknown option '$arg'; run with --help" >&2; exit 2 ;;
     *) ARGS+=("$arg") ;;
   esac
@@ -74,6 +79,12 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 export SWANLAB_LOG_DIR="${SWANLAB_LOG_DIR:-$LOG_DIR/swanlog}"
 export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$LOG_DIR/mlruns.db}"
 export WANDB_DIR="${WANDB_DIR:-$LOG_DIR}"
+# What this launcher exports for the trainer, named for the dry run's plan (with their values); PYTHONPATH
+# is set just before the trainer starts.
+LAUNCH_ENV+=(VLLM_USE_V1 VLLM_ASCEND_ENABLE_NZ PYTORCH_NPU_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS
+  HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT HCCL_HOST_SOCKET_PORT_RANGE HCCL_NPU_SOCKET_PORT_RANGE
+  ASCEND_GLOBAL_LOG_LEVEL ASCEND_RT_VISIBLE_DEVICES TENSORBOARD_DIR SWANLAB_LOG_DIR MLFLOW_TRACKING_URI WANDB_DIR)
+TRAINER_PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 # The single-card baseline of cann-recipes-train's Qwen2.5 GRPO guide (section 7.4, its training
 # script); micro-batches sized for 1.5B on a 64 GB card.
@@ -132,11 +143,12 @@ OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
 "$PYTHON" -m ascend_rl preflight --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
-  --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" \
+  --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" "${JSON[@]}" \
+  "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0
 
-export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"

@@ -3,8 +3,8 @@
 vLLM is built with dummy weights and the first sync loads the initial policy; every later sync is
 skipped, so the rollout samples from the initial weights while the actor trains.
 
-ascend_rl/harness/e2e.py puts this folder on PYTHONPATH only for `--disable-weight-sync`, the negative control of
-the weight-sync check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level.
+ascend_rl/harness/launch.py puts this folder on PYTHONPATH only for e2e's `--disable-weight-sync`, the negative
+control of the weight-sync check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level.
 Python imports sitecustomize at start-up in every process (the driver, Ray's workers, vLLM's engine),
 so the rollout classes are patched wherever they are loaded. It never ships in a recipe.
 """

