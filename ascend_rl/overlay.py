@@ -313,6 +313,19 @@ def _change_series(
 # --- fetch -----------------------------------------------------------------------------------------
 
 
+def materialise(
+    recipe: Recipe, dest: Path, *, patched: bool = True, log: Callable[[str], None] = print
+) -> Path:
+    """A fresh, throw-away tree at `dest` (replaced if present): the pinned sdist (sha256-checked) unpacked,
+    with the recipe's series applied unless patched=False. artifacts.DownloadError when it cannot be had."""
+    sdist = artifacts.verl_sdist(recipe.version, recipe.sdist_sha256)
+    shutil.rmtree(dest, ignore_errors=True)
+    artifacts.unpack_sdist(sdist, dest)
+    if patched:
+        apply_series(recipe, dest, log=log)
+    return dest
+
+
 def fetch(
     recipe: Recipe, source: str = "auto", dest: Path | None = None, log: Callable[[str], None] = print
 ) -> Path:

@@ -15,9 +15,10 @@ def recipe_dir(recipe: str) -> Path:
     return RECIPES / recipe
 
 
-def verl_tree(recipe: str) -> Path:
-    """The verl tree the overlay tool materialises for `recipe` (llm_rl/<recipe>/verl, git-ignored)."""
-    return RECIPES / recipe / "verl"
+def verl_tree(recipe: str, overlay: str | None = None) -> Path:
+    """The verl tree the overlay tool materialises for `recipe` (llm_rl/<recipe>/verl, git-ignored), or the
+    overlay's own tree of it (llm_rl/<recipe>/verl-<overlay>: the recipe's series plus the overlay's)."""
+    return RECIPES / recipe / (f"verl-{overlay}" if overlay else "verl")
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ascend_rl import paths
 from ascend_rl.paths import REPO
 
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
@@ -82,7 +83,7 @@ class Check:
 
 def default_verl_dir(recipe: str) -> Path:
     """Where the overlay tool materialises a recipe's verl tree."""
-    return REPO / "llm_rl" / recipe / "verl"
+    return paths.verl_tree(recipe)
 
 
 def _overlay(verb: str, recipe: str, target: Path, overlay_name: str | None = None) -> str:
@@ -109,7 +110,7 @@ def _overlay(verb: str, recipe: str, target: Path, overlay_name: str | None = No
 
 def overlay_tree(recipe: str, overlay: str) -> Path:
     """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<overlay>/): built by the preflight, disposable."""
-    return REPO / "llm_rl" / recipe / f"verl-{overlay}"
+    return paths.verl_tree(recipe, overlay)
 
 
 def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=None) -> Check:

@@ -24,12 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from ascend_rl import runner
+from ascend_rl import paths, runner
+from ascend_rl.data.util import write_json_atomic
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
 from ascend_rl.paths import REPO, child_env
 
-VERL_CPU = REPO / "llm_rl" / "qwen2_5" / "verl-cpu"
+VERL_CPU = paths.verl_tree("qwen2_5", "cpu")
 RUN = "train"
 PREFIX = "demo"
 EXIT_OK, EXIT_FAIL = 0, 1
@@ -309,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(
         args, rows, before, after, counts, timings, max(peak_before, result.peak_rss_gib, peak_after)
     )
-    tmp = args.out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out / "summary.json")
+    write_json_atomic(args.out / "summary.json", summary)
     marks = [(0, "held-out accuracy before (greedy)", 0, summary["heldout_accuracy_before"])]
     marks.append((0, "held-out accuracy after (greedy)", len(rows), summary["heldout_accuracy_after"]))
     plotted = plot(rows, args.out / "curves.png", marks)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from ascend_rl.data.util import write_json_atomic
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import (
     DS_GAP_KEYS,
@@ -394,9 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_s = sum(r.wall_s for r in results)
     summary["wall_s"] = {"setup": round(setup_s, 1), "runs": round(runs_s, 1)}
     summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
-    tmp = args.out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, args.out / "summary.json")
+    write_json_atomic(args.out / "summary.json", summary)
     for c in summary["checks"]:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<8} {c['check']:<13} {c['detail']}")
     print(

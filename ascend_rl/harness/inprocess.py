@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ascend_rl import paths
 from ascend_rl.data.util import DataError
 from ascend_rl.harness.verl_env import DemoError
 from ascend_rl.paths import REPO
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--verl-tree",
         type=Path,
-        default=REPO / "llm_rl" / "qwen2_5" / "verl",
+        default=paths.verl_tree("qwen2_5"),
         help="where the patched verl 0.6.0 tree is fetched and patched (default: llm_rl/qwen2_5/verl)",
     )
     parser.add_argument(

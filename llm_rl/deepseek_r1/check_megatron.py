@@ -107,15 +107,16 @@ def prepare(work: Path, tree: Path | None) -> tuple[Path, Path, Path]:
 
     recipe = overlay.load_recipe("deepseek_r1")
     try:
-        sdist = artifacts.verl_sdist(recipe.version, recipe.sdist_sha256)
+        artifacts.verl_sdist(
+            recipe.version, recipe.sdist_sha256
+        )  # fetched once here, so its failure says what
         packages = artifacts.megatron_packages(Path(sys.executable))
     except artifacts.DownloadError as exc:
         raise CheckError(f"cannot fetch what the check needs: {exc}") from None
     if tree is None:
-        tree = work / "verl-cpu"
-        shutil.rmtree(tree, ignore_errors=True)
-        artifacts.unpack_sdist(sdist, tree)
-        overlay.apply_series(overlay.with_overlay(recipe, "cpu"), tree, log=lambda msg: None)
+        tree = overlay.materialise(
+            overlay.with_overlay(recipe, "cpu"), work / "verl-cpu", log=lambda msg: None
+        )
     from ascend_rl.harness import tiny_deepseek
 
     model_dir = work / "model"

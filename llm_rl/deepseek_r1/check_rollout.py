@@ -115,26 +115,20 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
     from ascend_rl import artifacts, overlay
 
     recipe = overlay.load_recipe("deepseek_r1")
-    try:
-        sdist = artifacts.verl_sdist(recipe.version, recipe.sdist_sha256)
-    except artifacts.DownloadError as exc:
-        raise CheckError(f"the verl {recipe.version} sdist cannot be fetched: {exc}") from None
     without_budget = dataclasses.replace(
         recipe, series=tuple(p for p in recipe.series if f"+++ b/{BUDGET_MODULE}" not in p.read_text())
     )
     if len(without_budget.series) != len(recipe.series) - 1:
         raise CheckError(f"no single patch of the DeepSeek series adds {BUDGET_MODULE}; update BUDGET_MODULE")
-    wanted = [("launcher", None), ("without-token-budget", without_budget)]
+    wanted = [("launcher", recipe, False), ("without-token-budget", without_budget, True)]
     if with_overlay:
-        wanted.append((f"with-{with_overlay}", overlay.with_overlay(recipe, with_overlay)))
+        wanted.append((f"with-{with_overlay}", overlay.with_overlay(recipe, with_overlay), True))
     trees = {}
-    for name, series in wanted:
-        dest = work / name
-        shutil.rmtree(dest, ignore_errors=True)
-        artifacts.unpack_sdist(sdist, dest)
-        if series is not None:
-            overlay.apply_series(series, dest, log=lambda msg: None)
-        trees[name] = dest
+    try:
+        for name, series, patched in wanted:
+            trees[name] = overlay.materialise(series, work / name, patched=patched, log=lambda msg: None)
+    except artifacts.DownloadError as exc:
+        raise CheckError(f"the verl {recipe.version} sdist cannot be fetched: {exc}") from None
     return trees["launcher"], trees.get(f"with-{with_overlay}"), trees["without-token-budget"]
 
 
