@@ -20,7 +20,7 @@ TOOLS = {
         "ascend_rl.cli.overlay",
         "fetch a recipe's pinned verl tree; apply, check or revert its patches",
     ),
-    "preflight": ("ascend_rl.preflight", "check a launch before it starts: tree, config, paths, stack"),
+    "preflight": ("ascend_rl.cli.preflight", "check a launch before it starts: tree, config, paths, stack"),
     "patchdoc": (
         "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",

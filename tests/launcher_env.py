@@ -7,6 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ascend_rl.paths import RECIPES
+
+LAUNCHERS = [  # every recipe launcher a user runs
+    RECIPES / "qwen2_5" / "run_qwen2_5_1_5b_single.sh",
+    RECIPES / "qwen2_5" / "run_qwen2_5_1_5b.sh",
+    RECIPES / "deepseek_r1" / "run_deepseek_r1_a3.sh",
+]
+
 
 def launcher_env(tmp_path: Path, verl_tree: Path, **extra: str) -> dict[str, str]:
     """This environment with the venv's python3 first (as activated), VERL_DIR and run folders under tmp_path."""

@@ -26,7 +26,12 @@ def patched_copy(pristine: Path, dest: Path, series) -> Path:
 
 def run_on_tree(script: str | Path, tree: Path, timeout: int = 900) -> dict:
     """Run `python script --tree tree` with the tree on PYTHONPATH and no GPU; its last line's JSON."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
+    # the tree first; then this folder, where the test (now a script) finds its helpers
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parent)]),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     proc = subprocess.run(
         [sys.executable, str(script), "--tree", str(tree)],
         env=env,

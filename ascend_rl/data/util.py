@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # The recipe's answer format. llm_rl/qwen2_5/tokenizer_config.json renders exactly this text as the
-# default system prompt (tests/test_chat_template.py holds the two together); the DeepSeek data embeds
+# default system prompt (tests/data/test_chat_template.py holds the two together); the DeepSeek data embeds
 # it as an explicit system message because DeepSeek-V3's own chat template has no default one.
 FORMAT_SYSTEM_PROMPT = (
     "You are a helpful assistant who solves math problems. Reason step by step, numbering the steps "

@@ -66,8 +66,8 @@ CPU_OVERRIDES = [
     "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config={custom_ops:[none]}",
 ]
 # Set before vllm is imported. The CPU platform refuses MLA (the attention runs unabsorbed, so vLLM-Ascend's
-# MLA W_UV / W_UK_T cannot be exercised here: tests/test_vllm_ascend_contract.py and
-# tests/test_deepseek_weight_sync.py cover them); the engine runs in this process (verl's update_weights reaches
+# MLA W_UV / W_UK_T cannot be exercised here: tests/deepseek_r1/test_vllm_ascend_contract.py and
+# tests/deepseek_r1/test_deepseek_weight_sync.py cover them); the engine runs in this process (verl's update_weights reaches
 # its model through llm_engine.model_executor); 1 GiB of KV cache instead of the CPU default of about 12.
 ENGINE_ENV = {
     "VLLM_MLA_DISABLE": "1",

