@@ -10,11 +10,6 @@ OVERLAYS = REPO / "patches"
 HARNESS_HOOKS = REPO / "ascend_rl" / "harness" / "hooks"
 
 
-def recipe_dir(recipe: str) -> Path:
-    """The folder of recipe `recipe` (llm_rl/<recipe>)."""
-    return RECIPES / recipe
-
-
 def verl_tree(recipe: str, overlay: str | None = None) -> Path:
     """The verl tree the overlay tool materialises for `recipe` (llm_rl/<recipe>/verl, git-ignored), or the
     overlay's own tree of it (llm_rl/<recipe>/verl-<overlay>: the recipe's series plus the overlay's)."""
