@@ -1,10 +1,17 @@
-"""The one reader of the manifests: a recipe's recipe.toml (its upstream pin and patch series) and an
-overlay's patches/<name>/overlay.toml (a series applied on top of a recipe's)."""
+"""The one reader of the manifests: a recipe's recipe.toml (its verl bases, each with a pin and an
+ordered patch series, and the default base) and an overlay's patches/<name>/overlay.toml (a series per
+base, applied on top of a recipe's).
+
+A recipe manifest names its bases as `[bases."<version>"]` tables (tag, commit, sdist, sdist_sha256,
+series, optionally `retired`: the patches of another base this one no longer needs, with the evidence)
+and the default as `[upstream] default_base`. The older one-base form (`[upstream] version` with
+`[patches] series`) still reads, as a recipe with that single base.
+"""
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ascend_rl.errors import OverlayError, UsageError
@@ -27,30 +34,74 @@ def overlay_manifests(overlays: Path = OVERLAYS) -> dict[str, dict]:
     return {p.parent.name: read_toml(p) for p in sorted(overlays.glob("*/overlay.toml"))}
 
 
+def manifest_bases(data: dict) -> dict[str, dict]:
+    """A recipe.toml's bases, version -> its table (series as listed), in the file's order; the one-base
+    form gives one entry. KeyError/TypeError when malformed (the caller names the file)."""
+    up = data["upstream"]
+    if "bases" in data:
+        bases = {str(v): dict(t) for v, t in data["bases"].items()}
+        if not bases:
+            raise KeyError("bases (no base listed)")
+        for table in bases.values():
+            table["series"] = list(table["series"])
+        return bases
+    table = {k: up[k] for k in ("tag", "commit", "sdist", "sdist_sha256")}
+    table["series"] = list(data["patches"]["series"])
+    return {str(up["version"]): table}
+
+
+def default_base(data: dict) -> str:
+    """The base a recipe uses when none is named: [upstream] default_base, or its only base."""
+    bases = manifest_bases(data)
+    base = str(data["upstream"].get("default_base") or next(iter(bases)))
+    if base not in bases:
+        raise KeyError(f"default_base {base!r} is not one of the bases {', '.join(bases)}")
+    return base
+
+
+def overlay_series(data: dict) -> dict[str, list[str]]:
+    """An overlay.toml's series per base (version -> patch paths); the one-base form gives one entry."""
+    if "bases" in data:
+        return {str(v): list(t["series"]) for v, t in data["bases"].items()}
+    return {str(data["overlay"]["version"]): list(data["patches"]["series"])}
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """A recipe manifest: the upstream pin and the ordered patch series."""
+    """A recipe on one verl base: that base's pin and ordered patch series (plus an overlay's, if any)."""
 
     name: str
     folder: Path
     project: str
-    version: str
+    version: str  # the base: what verl/version/version reads in its tree
     git_url: str
     tag: str
     commit: str
     sdist: str
     sdist_sha256: str
     series: tuple[Path, ...]
-    tree: str = ""  # folder name of the default target; the project's name when empty
+    tree: str = ""  # folder name of the default target; <project>-<version> when empty
+    bases: tuple[str, ...] = ()  # every base the recipe has, in its manifest's order
+    default: str = ""  # the base used when none is named
+    retired: dict[str, str] = field(default_factory=dict, compare=False)  # patch id -> evidence
+    note: str = ""  # what this base is for, from its manifest table
+
+    @property
+    def recipe(self) -> str:
+        """The recipe's folder name, without an overlay's suffix."""
+        return self.folder.name
 
     @property
     def default_target(self) -> Path:
-        return self.folder / (self.tree or self.project)
+        return self.folder / (self.tree or f"{self.project}-{self.version}")
 
     @property
     def cli(self) -> str:
-        """How the command line names this recipe ("qwen2_5", "qwen2_5 --with cpu")."""
-        return self.name.replace("+", " --with ")
+        """How the command line names this recipe ("qwen2_5", "qwen2_5 --with cpu --base 0.6.0")."""
+        text = self.name.replace("+", " --with ")
+        if self.bases and len(self.bases) > 1 and self.version != self.default:
+            text += f" --base {self.version}"
+        return text
 
 
 def recipe_names() -> list[str]:
@@ -58,8 +109,8 @@ def recipe_names() -> list[str]:
     return sorted(p.parent.name for p in RECIPES.glob("*/recipe.toml"))
 
 
-def load_recipe(name_or_dir: str | Path) -> Recipe:
-    """Read llm_rl/<name>/recipe.toml (or <dir>/recipe.toml)."""
+def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
+    """Read llm_rl/<name>/recipe.toml (or <dir>/recipe.toml) on `base` (default: the manifest's default)."""
     folder = Path(name_or_dir)
     if not (folder / "recipe.toml").is_file():
         folder = RECIPES / str(name_or_dir)
@@ -70,23 +121,41 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     try:
         data = read_toml(manifest)
         up = data["upstream"]
-        series = tuple(REPO / p for p in data["patches"]["series"])
+        bases = manifest_bases(data)
+        default = default_base(data)
+        chosen = default if base is None else str(base)
+        if chosen not in bases:
+            raise UsageError(
+                f"recipe {data.get('recipe', {}).get('name', folder.name)} has no verl base {chosen}; "
+                f"its bases: {', '.join(bases)} (default {default})"
+            )
+        table = bases[chosen]
         return Recipe(
             name=data.get("recipe", {}).get("name", folder.name),
             folder=folder.resolve(),
             project=up["project"],
-            version=up["version"],
+            version=chosen,
             git_url=up["git_url"],
-            tag=up["tag"],
-            commit=up["commit"],
-            sdist=up["sdist"],
-            sdist_sha256=up["sdist_sha256"],
-            series=series,
+            tag=table["tag"],
+            commit=table.get("commit", ""),
+            sdist=table["sdist"],
+            sdist_sha256=table["sdist_sha256"],
+            series=tuple(REPO / p for p in table["series"]),
+            bases=tuple(bases),
+            default=default,
+            retired={str(k): str(v) for k, v in table.get("retired", {}).items()},
+            note=str(table.get("note", "")),
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
             f"{manifest}: malformed manifest ({exc}); compare it with llm_rl/qwen2_5/recipe.toml"
         ) from exc
+
+
+def recipe_bases(name: str) -> list[Recipe]:
+    """The recipe on each of its bases, in its manifest's order."""
+    first = load_recipe(name)
+    return [first if b == first.version else load_recipe(name, b) for b in first.bases]
 
 
 def overlay_names() -> list[str]:
@@ -95,23 +164,29 @@ def overlay_names() -> list[str]:
 
 
 def with_overlay(recipe: Recipe, name: str) -> Recipe:
-    """`recipe` with overlay `name`'s series after its own, aimed at llm_rl/<recipe>/verl-<name>/."""
+    """`recipe` with overlay `name`'s series for its base after its own, aimed at
+    llm_rl/<recipe>/verl-<base>-<name>/."""
     manifest = OVERLAYS / name / "overlay.toml"
     if not manifest.is_file():
         raise UsageError(f"unknown overlay '{name}'; known overlays: {', '.join(overlay_names()) or 'none'}")
     try:
         data = read_toml(manifest)
-        project, version = data["overlay"]["project"], data["overlay"]["version"]
-        series = tuple(REPO / p for p in data["patches"]["series"])
-    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        project = data["overlay"]["project"]
+        per_base = overlay_series(data)
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
             f"{manifest}: malformed manifest ({exc}); compare it with patches/cpu/overlay.toml"
         ) from exc
-    if (project, version) != (recipe.project, recipe.version):
+    if project != recipe.project or recipe.version not in per_base:
         raise OverlayError(
-            f"overlay {name} targets {project} {version}, recipe {recipe.name} pins "
-            f"{recipe.project} {recipe.version}; update {manifest.relative_to(REPO)}"
+            f"overlay {name} targets {project} {', '.join(per_base)}, recipe {recipe.name} is on "
+            f'{recipe.project} {recipe.version}; add a [bases."{recipe.version}"] series to '
+            f"{manifest.relative_to(REPO)}"
         )
+    series = tuple(REPO / p for p in per_base[recipe.version])
     return replace(
-        recipe, name=f"{recipe.name}+{name}", series=recipe.series + series, tree=f"{recipe.project}-{name}"
+        recipe,
+        name=f"{recipe.name}+{name}",
+        series=recipe.series + series,
+        tree=f"{recipe.project}-{recipe.version}-{name}",
     )

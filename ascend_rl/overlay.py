@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_rl import artifacts, patchset
-from ascend_rl.errors import OverlayError
+from ascend_rl import artifacts, diagnose, patchset, trees
+from ascend_rl.errors import OverlayError, UsageError
 from ascend_rl.journal import (
     DEFAULT_WAIT,
     TXN_NAME,
@@ -37,6 +37,8 @@ from ascend_rl.manifest import Recipe, load_recipe, overlay_names, recipe_names,
 from ascend_rl.paths import REPO
 
 APPLIED, APPLICABLE, CONFLICTING = "applied", "applicable", "conflicting"
+EDITED, CARRIED = "edited", "carried"  # applied then edited by hand; a fix the tree already has
+BLOCKED = (CONFLICTING, EDITED, CARRIED)  # a patch in one of these stops an apply or a revert
 
 
 def load_series(recipe: Recipe) -> list[patchset.Patch]:
@@ -58,7 +60,8 @@ def load_series(recipe: Recipe) -> list[patchset.Patch]:
 
 
 def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = False) -> Path:
-    """The folder holding `verl/`, checked to exist and to be the pinned version."""
+    """The folder holding `verl/`, checked to exist and to be the recipe's base (by its version file;
+    a tree of another version is named by what it is, from patches/trees.toml, and refused)."""
     root = Path(target) if target is not None else recipe.default_target
     if not root.exists():
         if target is None:
@@ -77,11 +80,43 @@ def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = Fals
         )
     found = tree_version(root, recipe.project)
     if found != recipe.version and not force:
-        raise OverlayError(
-            f"{root} is {recipe.project} {found or 'of unknown version'}, the recipe pins {recipe.version}; "
-            f"fetch the pinned tree or pass --force"
-        )
+        raise OverlayError(wrong_tree(recipe, root, found))
     return root.resolve()
+
+
+def wrong_tree(recipe: Recipe, root: Path, found: str | None) -> str:
+    """One line: what the tree at `root` is (by version and content) and what to do with it."""
+    what = f"{recipe.project} {found or 'of unknown version'}"
+    match = trees.identify(trees.disk_reader(root), found)
+    if match is not None and match.exact:
+        what = match.tree.label
+    elif match is not None:
+        what += f" (like {match.tree.label} in {match.same} of {match.total} files the series touch)"
+    others = [b for b in recipe.bases if b != recipe.version]
+    if found in others:
+        return (
+            f"{root} is {what}, a base of {recipe.name}, which is on {recipe.version} here: "
+            f"pass --base {found} (launchers: VERL_BASE={found})"
+        )
+    if match is not None and not match.tree.base and match.same >= match.total / 2:
+        return f"{root} is {what}; " + match.tree.advice.format(recipe=recipe.recipe)
+    bases = ", ".join(recipe.bases or (recipe.version,))
+    return (
+        f"{root} is {what}, not a base of {recipe.name} (its bases: {bases}); fetch one "
+        f"(python -m ascend_rl overlay fetch {recipe.recipe} --base {recipe.version}) or pass --force "
+        f"to try the {recipe.version} series on it (`status --force` shows patch by patch what it carries)"
+    )
+
+
+def installed_note(root: Path, project: str = "verl") -> str | None:
+    """For a pip-installed tree (a site-packages folder, or one with the project's .dist-info): a line
+    saying that reinstalling the package replaces the patched files."""
+    if root.name.endswith("-packages") or any(root.glob(f"{project}-*.dist-info")):
+        return (
+            f"{root} holds a pip-installed {project}: reinstalling {project} (or a package that pulls it in) "
+            f"drops the patches; run `overlay status` after any pip install there"
+        )
+    return None
 
 
 def tree_version(root: Path, project: str = "verl") -> str | None:
@@ -179,6 +214,17 @@ class PatchState:
     state: str
     detail: str = ""  # why it does not go on (conflicting)
     off_detail: str = ""  # why it does not come off (conflicting): the file and hunk a revert names
+    lines: list[str] | None = None  # the lines the patch expects against those found (unified view)
+    next_step: str = ""
+
+    def refusal(self, verb: str) -> str:
+        """One line: why this patch stops an apply or revert, and what to do."""
+        if self.state == EDITED:
+            return f"{self.patch.name} was applied, then edited: {self.detail}; {self.next_step}"
+        if self.state == CARRIED:
+            return f"{self.patch.name} is not needed: {self.detail}; {self.next_step}"
+        where = self.detail if verb == "apply" else self.off_detail
+        return f"{self.patch.name} does not {'apply' if verb == 'apply' else 'come off'}: {where}"
 
 
 def plan(
@@ -216,9 +262,29 @@ def plan(
         if conflict is None:
             _apply_patch(full, patch)
             states.append(PatchState(patch, APPLIED if idx in applied else APPLICABLE))
-        else:
-            states.append(PatchState(patch, CONFLICTING, str(conflict), str(stuck.get(idx, conflict))))
+            continue
+        state = PatchState(patch, CONFLICTING, str(conflict), str(stuck.get(idx, conflict)))
+        found = diagnose.diagnose(patch, full.get, upstream_evidence(recipe, root, patch))
+        state.lines, state.next_step = found.lines, found.next_step
+        if found.kind == diagnose.EDITED:
+            state.state, state.detail = EDITED, found.where
+        elif found.kind == diagnose.CARRIED:
+            state.state, state.detail = CARRIED, found.where
+        states.append(state)
     return states, full, base
+
+
+def upstream_evidence(recipe: Recipe, root: Path, patch: patchset.Patch) -> str:
+    """When the tree is another base of the recipe and that base retired this patch: the evidence."""
+    ident = patchset.patch_id(patch.source)
+    found = tree_version(root, recipe.project)
+    if not ident or found == recipe.version or found not in recipe.bases:
+        return ""
+    try:
+        other = load_recipe(recipe.recipe, found)
+    except OverlayError:
+        return ""
+    return other.retired.get(ident, "")
 
 
 def _begin(
@@ -297,14 +363,16 @@ def _change_series(
         states, full, base = plan(recipe, root, view)
         # Every patch must go on (or come off) before one byte changes. A revert names the
         # topmost patch that does not come off, with the file and hunk where the tree differs.
-        bad = [s for s in states if s.state == CONFLICTING]
+        bad = [s for s in states if s.state in BLOCKED]
         if bad and op == "apply":
-            raise OverlayError(f"{bad[0].patch.name} does not apply: {bad[0].detail}; nothing was changed")
+            raise OverlayError(f"{bad[0].refusal('apply')}; nothing was changed")
         if bad:
-            raise OverlayError(
-                f"{bad[-1].patch.name} does not come off: {bad[-1].off_detail}; "
-                f"restore those lines as the patch has them, or fix the tree by hand; nothing was changed"
+            tail = (
+                ""
+                if bad[-1].state != CONFLICTING
+                else ("; restore those lines as the patch has them, or fix the tree by hand")
             )
+            raise OverlayError(f"{bad[-1].refusal('revert')}{tail}; nothing was changed")
         if not dry_run:
             (full if op == "apply" else base).flush(op, recipe.name, steps)
     return states
@@ -335,7 +403,7 @@ def fetch(
         found = tree_version(dest, recipe.project)
         if found != recipe.version:
             raise OverlayError(
-                f"{dest} exists but holds {recipe.project} {found or 'of unknown version'}; move it away and fetch again"
+                f"{dest} exists; {wrong_tree(recipe, dest, found)}; or move it away and fetch again"
             )
         if (dest / TXN_NAME).exists() or (dest / TXN_PREP).exists():
             with tree_lock(dest.resolve()):
@@ -344,7 +412,12 @@ def fetch(
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     errors = []
-    if source in ("auto", "git"):
+    if source == "git" and not recipe.commit:
+        raise OverlayError(
+            f"base {recipe.version} of {recipe.name} pins no commit (only the sdist's sha256); "
+            f"fetch it with --source sdist"
+        )
+    if source in ("auto", "git") and recipe.commit:
         try:
             return _fetch_git(recipe, dest, log)
         except OverlayError as exc:
@@ -418,9 +491,9 @@ def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> st
     for name in recipe_names():
         for overlay in (None, *overlay_names()):
             try:
-                other = load_recipe(name)
+                other = load_recipe(name, recipe.version)
                 other = with_overlay(other, overlay) if overlay else other
-            except OverlayError:
+            except (OverlayError, UsageError):
                 continue
             if other.name == recipe.name or other.version != recipe.version:
                 continue

@@ -51,6 +51,7 @@ REQUIRED = (
     "Origin",
     "Forwarded",
     "Symbols",
+    "Bases",
     "Verified",
     "Needs-Hardware",
     "Retire-When",
@@ -169,19 +170,79 @@ def all_patches() -> list[Path]:
     return sorted(found, key=lambda p: (rel(p).startswith("llm_rl"), rel(p)))
 
 
+def _split_base(spec: str) -> tuple[str, str | None]:
+    name, _, base = spec.partition("@")
+    return name, base or None
+
+
+def recipe_series(name: str, base: str | None = None, overlay: str | None = None) -> list[Path]:
+    """A recipe's series on `base` (default: its default base), with an overlay's after it."""
+    data = recipes()[name]
+    bases = manifest.manifest_bases(data)
+    base = base or manifest.default_base(data)
+    if base not in bases:
+        raise DocError(f"recipe {name} has no base {base}; its bases: {', '.join(bases)}")
+    paths = [REPO / p for p in bases[base]["series"]]
+    if overlay:
+        per_base = manifest.overlay_series(overlays()[overlay])
+        paths += [REPO / p for p in per_base.get(base, [])]
+    return paths
+
+
+def all_bases() -> dict[str, str]:
+    """Every verl base any recipe names: version -> the sdist's sha256."""
+    found: dict[str, str] = {}
+    for data in recipes().values():
+        for version, table in manifest.manifest_bases(data).items():
+            found.setdefault(version, table["sdist_sha256"])
+    return found
+
+
+def base_series() -> list[tuple[str, list[Path]]]:
+    """(base, series) for every recipe on every base, alone and with each overlay that has that base."""
+    out = []
+    for name, data in recipes().items():
+        for base in manifest.manifest_bases(data):
+            out.append((base, recipe_series(name, base)))
+            for ovl, odata in overlays().items():
+                if base in manifest.overlay_series(odata):
+                    out.append((base, recipe_series(name, base, ovl)))
+    return out
+
+
+def served_bases() -> dict[Path, set[str]]:
+    """Each patch some series lists -> the bases whose series list it."""
+    served: dict[Path, set[str]] = {}
+    for base, paths in base_series():
+        for path in paths:
+            served.setdefault(path, set()).add(base)
+    return served
+
+
+def header_bases(header: Header) -> set[str]:
+    return set(header.get("Bases").split())
+
+
 def series(spec: str) -> list[Path]:
-    """The patches a table shows, in order: shared | <recipe> | <recipe>:own | overlay:<name>."""
+    """The patches a table shows, in order: shared[@BASE] | <recipe>[@BASE] | <recipe>:own |
+    overlay:<name>[@BASE] (a recipe without @BASE: its default base; shared or an overlay: every base)."""
+    spec, base = _split_base(spec)
     if spec == "shared":
-        return sorted((REPO / "patches" / "verl").glob("*.patch"))
+        found = sorted((REPO / "patches" / "verl").glob("*.patch"))
+        return [p for p in found if base is None or base in header_bases(read_header(p))]
     if spec.startswith("overlay:"):
         name = spec.split(":", 1)[1]
         if name not in overlays():
             raise DocError(f"unknown overlay '{name}' in a patches block; known: {', '.join(overlays())}")
-        return [REPO / p for p in overlays()[name]["patches"]["series"]]
+        per_base = manifest.overlay_series(overlays()[name])
+        if base is not None and base not in per_base:
+            raise DocError(f"overlay {name} has no series for base {base}; its bases: {', '.join(per_base)}")
+        paths = [REPO / p for b, ps in per_base.items() if base in (None, b) for p in ps]
+        return list(dict.fromkeys(paths))
     name, _, own = spec.partition(":")
     if name not in recipes() or own not in ("", "own"):
         raise DocError(f"unknown series '{spec}'; use shared, <recipe>, <recipe>:own or overlay:<name>")
-    paths = [REPO / p for p in recipes()[name]["patches"]["series"]]
+    paths = recipe_series(name, base)
     if own:
         paths = [p for p in paths if p.is_relative_to(REPO / "llm_rl" / name)]
     return paths
@@ -256,15 +317,17 @@ def upstream_files(sdist: Path) -> dict[str, bytes]:
     return files
 
 
-def computed_symbols(sdist: Path) -> dict[Path, str]:
-    """Every series patch's touched symbols, each computed on the tree as the patches before it left it."""
-    pristine = upstream_files(sdist)
-    result: dict[Path, str] = {}
-    specs = [name for name in recipes()] + [f"{r}+{o}" for r in recipes() for o in overlays()]
-    for spec in specs:
-        recipe, _, overlay = spec.partition("+")
-        paths = series(recipe) + (series(f"overlay:{overlay}") if overlay else [])
-        tree = dict(pristine)
+def computed_symbols(sdists: dict[str, Path]) -> dict[Path, dict[str, str]]:
+    """Every series patch's touched symbols on each base it serves (base -> sdist), each computed on the
+    tree as the patches before it in a series of that base left it."""
+    result: dict[Path, dict[str, str]] = {}
+    pristine: dict[str, dict[str, bytes]] = {}
+    for base, paths in base_series():
+        if base not in sdists:
+            continue
+        if base not in pristine:
+            pristine[base] = upstream_files(sdists[base])
+        tree = dict(pristine[base])
         for path in paths:
             patch = patchset.parse(path)
             entries = []
@@ -273,7 +336,7 @@ def computed_symbols(sdist: Path) -> dict[Path, str]:
                 new = patchset.apply_file(fp, old)
                 entries.append(_file_symbols(fp.path, old, new))
                 tree[fp.path] = new
-            result.setdefault(path, "; ".join(entries))
+            result.setdefault(path, {}).setdefault(base, "; ".join(entries))
     return result
 
 
@@ -384,21 +447,86 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def symbol_problems(sdist: Path) -> list[str]:
-    """Headers whose Symbols field is not what the diff, read against the pinned sdist, touches."""
+def symbol_problems(sdists: dict[str, Path]) -> list[str]:
+    """Headers whose Symbols field is not what the diff touches on each base it serves (read against
+    that base's sdist), or whose diff touches different symbols on two bases."""
     problems = []
-    for path, value in computed_symbols(sdist).items():
+    for path, per_base in computed_symbols(sdists).items():
+        values = set(per_base.values())
+        if len(values) > 1:
+            problems.append(
+                f"{rel(path)}: the diff touches different symbols on bases {', '.join(sorted(per_base))}; "
+                f"give each base a file of its own"
+            )
+            continue
         have = read_header(path).get("Symbols")
-        want = " ".join(s.strip() for s in format_symbols(value))[len("Symbols: ") :]
+        want = " ".join(s.strip() for s in format_symbols(values.pop()))[len("Symbols: ") :]
         if _norm(have) != _norm(want):
             problems.append(f"{rel(path)}: Symbols: is {have!r}, the diff touches {want!r}")
     return problems
 
 
-def pinned_sdist() -> Path:
-    """The pinned verl sdist (cached, sha256-checked); artifacts.DownloadError when it cannot be had."""
-    up = next(iter(recipes().values()))["upstream"]
-    return artifacts.verl_sdist(up["version"], up["sdist_sha256"])
+def base_sdists() -> dict[str, Path]:
+    """Every base's verl sdist (cached, sha256-checked); artifacts.DownloadError when one cannot be had."""
+    return {base: artifacts.verl_sdist(base, sha) for base, sha in all_bases().items()}
+
+
+def symbols_for(computed: dict[Path, dict[str, str]], path: Path) -> str | None:
+    """The Symbols value `write --symbols` sets: what the diff touches (the same on every base it serves)."""
+    values = set(computed.get(path, {}).values())
+    return values.pop() if len(values) == 1 else None
+
+
+def base_problems() -> list[str]:
+    """Each series patch's Bases: field must name exactly the bases whose series list it."""
+    problems = []
+    for path, bases in served_bases().items():
+        if not path.is_file():
+            continue
+        have = header_bases(read_header(path))
+        if have and have != bases:
+            problems.append(
+                f"{rel(path)}: Bases: says {' '.join(sorted(have))}, the manifests list it on "
+                f"{' '.join(sorted(bases))}"
+            )
+    return problems
+
+
+# --- the known trees (patches/trees.toml) ------------------------------------------------------------
+
+
+def fingerprint_files() -> list[str]:
+    """Every file any series of any base touches (the content a tree is recognised by)."""
+    files = set()
+    for _, paths in base_series():
+        for path in paths:
+            files.update(fp.path for fp in patchset.parse(path).files)
+    return sorted(files)
+
+
+def expected_trees(sdists: dict[str, Path]) -> tuple[str, list[str]]:
+    """patches/trees.toml's text as the sdists and ../shared/trees give it; and what could not be read."""
+    from ascend_rl import trees
+
+    files = fingerprint_files()
+    entries, missing = [], []
+    for base, sdist in sorted(sdists.items()):
+        read, version = trees.archive_reader(sdist)
+        label = f"verl {base} (the PyPI sdist {sdist.name})"
+        entries.append((base, version or base, label, {f: trees.file_digest(read(f)) for f in files}))
+    for key, info in trees.NOT_BASES.items():
+        archive = trees.SHARED_TREES / info["archive"]
+        if not archive.is_file():
+            missing.append(f"{archive} (the known tree {key}) is absent")
+            old = {t.key: t for t in trees.load_known()}.get(key)
+            if old is not None:  # keep what was recorded, for the files still fingerprinted
+                kept = {f: d for f, d in old.files.items() if f in files}
+                entries.append((key, old.version, old.label, kept))
+            continue
+        read, version = trees.archive_reader(archive)
+        digests = {f: trees.file_digest(read(f)) for f in files}
+        entries.append((key, version or info["version"], info["label"], digests))
+    return trees.render(entries), missing
 
 
 def check_all() -> list[str]:
@@ -420,6 +548,7 @@ def check_all() -> list[str]:
             problems.append(f"llm_rl/{name}/recipe.toml: id_prefix {prefix!r} is already taken")
         if prefix:
             prefixes[prefix] = name
+    problems += base_problems()
     for readme, stale in stale_blocks():
         problems.append(f"{rel(readme)}: {stale}; run: python -m ascend_rl patchdoc write")
     return problems

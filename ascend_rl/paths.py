@@ -10,10 +10,14 @@ OVERLAYS = REPO / "patches"
 HARNESS_HOOKS = REPO / "ascend_rl" / "harness" / "hooks"
 
 
-def verl_tree(recipe: str, overlay: str | None = None) -> Path:
-    """The verl tree the overlay tool materialises for `recipe` (llm_rl/<recipe>/verl, git-ignored), or the
-    overlay's own tree of it (llm_rl/<recipe>/verl-<overlay>: the recipe's series plus the overlay's)."""
-    return RECIPES / recipe / (f"verl-{overlay}" if overlay else "verl")
+def verl_tree(recipe: str, overlay: str | None = None, base: str | None = None) -> Path:
+    """The verl tree the overlay tool materialises for `recipe` on `base` (default: the recipe's default
+    base): llm_rl/<recipe>/verl-<base>/ (git-ignored), or the overlay's own tree of it
+    (llm_rl/<recipe>/verl-<base>-<overlay>/: the recipe's series plus the overlay's)."""
+    from ascend_rl import manifest
+
+    spec = manifest.load_recipe(recipe, base)
+    return (manifest.with_overlay(spec, overlay) if overlay else spec).default_target
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -80,19 +80,21 @@ class Check:
     detail: str
 
 
-def default_verl_dir(recipe: str) -> Path:
-    """Where the overlay tool materialises a recipe's verl tree."""
-    return paths.verl_tree(recipe)
+def default_verl_dir(recipe: str, base: str | None = None) -> Path:
+    """Where the overlay tool materialises a recipe's verl tree on `base` (default: the recipe's default)."""
+    return paths.verl_tree(recipe, base=base)
 
 
-def _overlay(verb: str, recipe: str, target: Path, overlay_name: str | None = None) -> str:
+def _overlay(
+    verb: str, recipe: str, target: Path, overlay_name: str | None = None, base: str | None = None
+) -> str:
     """Fetch or apply through the overlay library; the closing line it reports, PreflightError on refusal."""
     from ascend_rl import manifest, overlay
     from ascend_rl.errors import OverlayError
 
     said: list[str] = []
     try:
-        spec = manifest.load_recipe(recipe)
+        spec = manifest.load_recipe(recipe, base)
         if overlay_name:
             spec = manifest.with_overlay(spec, overlay_name)
         if verb == "fetch":
@@ -102,31 +104,36 @@ def _overlay(verb: str, recipe: str, target: Path, overlay_name: str | None = No
             states = overlay.apply_checked(spec, root, log=said.append)
             said += overlay.apply_summary(spec, root, states)
     except OverlayError as exc:
-        named = f"{recipe} --with {overlay_name}" if overlay_name else recipe
+        named = (f"{recipe} --with {overlay_name}" if overlay_name else recipe) + (
+            f" --base {base}" if base else ""
+        )
         raise PreflightError(f"overlay {verb} {named} on {target} failed: overlay: error: {exc}") from exc
     return said[-1] if said else "done"
 
 
-def overlay_tree(recipe: str, overlay: str) -> Path:
-    """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<overlay>/): built by the preflight, disposable."""
-    return paths.verl_tree(recipe, overlay)
+def overlay_tree(recipe: str, overlay: str, base: str | None = None) -> Path:
+    """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<base>-<overlay>/): built by the preflight,
+    disposable."""
+    return paths.verl_tree(recipe, overlay, base)
 
 
-def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=None) -> Check:
+def prepare_tree(
+    recipe: str, verl_dir: Path, overlay: str | None = None, log=None, base: str | None = None
+) -> Check:
     """Fetch the pinned verl tree when absent, then apply the recipe's series (a no-op when applied).
 
     The overlay's own tree is rebuilt when the series no longer applies to it (a patch changed since it was
     built): it holds nothing but the series, and one lock keeps two launches from rebuilding it at once.
     Any other tree is the user's: a refusal is reported, nothing is removed."""
-    if not overlay or verl_dir.resolve() != overlay_tree(recipe, overlay).resolve():
-        return _prepare_tree(recipe, verl_dir, overlay)
+    if not overlay or verl_dir.resolve() != overlay_tree(recipe, overlay, base).resolve():
+        return _prepare_tree(recipe, verl_dir, overlay, base=base)
     import fcntl
 
     verl_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(verl_dir.parent / f".{verl_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return _prepare_tree(recipe, verl_dir, overlay)
+            return _prepare_tree(recipe, verl_dir, overlay, base=base)
         except PreflightError as exc:
             if not (verl_dir / "verl" / "__init__.py").is_file():
                 raise
@@ -134,16 +141,19 @@ def prepare_tree(recipe: str, verl_dir: Path, overlay: str | None = None, log=No
                 f"preflight: {verl_dir} does not take the series any more ({exc}); rebuilding it"
             )
             shutil.rmtree(verl_dir)
-            return _prepare_tree(recipe, verl_dir, overlay, fetched_as="rebuilt")
+            return _prepare_tree(recipe, verl_dir, overlay, fetched_as="rebuilt", base=base)
 
 
-def _prepare_tree(recipe: str, verl_dir: Path, overlay: str | None, fetched_as: str = "fetched") -> Check:
+def _prepare_tree(
+    recipe: str, verl_dir: Path, overlay: str | None, fetched_as: str = "fetched", base: str | None = None
+) -> Check:
     fetched = ""
     if not (verl_dir / "verl" / "__init__.py").is_file():
-        _overlay("fetch", recipe, verl_dir, overlay)
+        _overlay("fetch", recipe, verl_dir, overlay, base)
         fetched = f"{fetched_as}, "
-    said = _overlay("apply", recipe, verl_dir, overlay)
-    return Check("verl tree", "ok", f"{verl_dir} ({fetched}{said})")
+    said = _overlay("apply", recipe, verl_dir, overlay, base)
+    on = f"verl {base}, " if base else ""
+    return Check("verl tree", "ok", f"{verl_dir} ({on}{fetched}{said})")
 
 
 def _one_line(text: str) -> str:

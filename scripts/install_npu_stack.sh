@@ -14,6 +14,7 @@
 # stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
 #
 #   bash scripts/install_npu_stack.sh [--recipe qwen2_5|deepseek_r1] [--verl-dir DIR] [--dry-run]
+#   VERL_BASE (default: the recipe's default_base): the verl base whose tree is fetched and patched
 #   MINDSPEED_DIR (default llm_rl/<recipe>/MindSpeed): where MindSpeed is cloned (git-ignored)
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,11 +27,13 @@ while [ $# -gt 0 ]; do
     --recipe) RECIPE="${2:?--recipe needs a name}"; shift 2 ;;
     --verl-dir) VERL_DIR="${2:?--verl-dir needs a folder}"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "install_npu_stack.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
   esac
 done
-VERL_DIR="${VERL_DIR:-$REPO_DIR/llm_rl/$RECIPE/verl}"
+# The verl base: VERL_BASE, else the recipe's default_base (recipe.toml).
+VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$REPO_DIR/llm_rl/$RECIPE/recipe.toml")}"
+VERL_DIR="${VERL_DIR:-$REPO_DIR/llm_rl/$RECIPE/verl-$VERL_BASE}"
 MINDSPEED_DIR="${MINDSPEED_DIR:-$REPO_DIR/llm_rl/$RECIPE/MindSpeed}"
 PYTHON="${PYTHON:-python3}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
@@ -43,8 +46,8 @@ run() {
 pip_c() { run "$PYTHON" -m pip install --disable-pip-version-check -c "$C" "$@"; }
 
 cd "$REPO_DIR"
-run "$PYTHON" -m ascend_rl overlay fetch "$RECIPE" --dest "$VERL_DIR"
-run "$PYTHON" -m ascend_rl overlay apply "$RECIPE" --target "$VERL_DIR"
+run "$PYTHON" -m ascend_rl overlay fetch "$RECIPE" --base "$VERL_BASE" --dest "$VERL_DIR"
+run "$PYTHON" -m ascend_rl overlay apply "$RECIPE" --base "$VERL_BASE" --target "$VERL_DIR"
 
 pip_c -r requirements.txt
 if [ -f "$VERL_DIR/requirements-npu.txt" ]; then

@@ -19,9 +19,16 @@ from ascend_rl.paths import REPO
 QWEN_MANIFEST = REPO / "llm_rl" / "qwen2_5" / "recipe.toml"
 
 
-def _pin() -> dict:
+# The base most tests patch and run: the fixtures below are trees of it. Tests of another base name it.
+BASE = "0.6.0"
+
+
+def _pin(base: str = BASE) -> dict:
+    """A base's pin from the Qwen recipe's manifest: version, tag, commit, sdist, sdist_sha256, series."""
     with open(QWEN_MANIFEST, "rb") as fh:
-        return tomllib.load(fh)["upstream"]
+        table = dict(tomllib.load(fh)["bases"][base])
+    table["version"] = base
+    return table
 
 
 def _get(what: str, fn, *args) -> Path:
@@ -75,7 +82,7 @@ def patched_verl(tmp_path_factory, _pristine_verl_master):
         if recipe not in trees:
             tree = tmp_path_factory.mktemp(f"patched-{recipe}") / "verl-tree"
             shutil.copytree(_pristine_verl_master, tree, symlinks=True)
-            overlay.apply_series(overlay.load_recipe(recipe), tree)
+            overlay.apply_series(overlay.load_recipe(recipe, BASE), tree)
             trees[recipe] = tree
         return trees[recipe]
 

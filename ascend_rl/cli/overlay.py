@@ -5,6 +5,12 @@
     python3 -m ascend_rl overlay apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
     python3 -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
     python3 -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
+    python3 -m ascend_rl overlay fetch  qwen2_5 --base 0.6.0  # another verl base of the recipe
+
+A recipe serves one or more verl bases (recipe.toml [bases."VERSION"], each with its own series);
+--base picks one (default: the manifest's default_base; `list` shows them). The default tree is
+llm_rl/<recipe>/verl-<base>/. A tree of another version is named by what it is (its version file and
+the content of the files the series touch, patches/trees.toml) and refused in one line.
 
 Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
 --wait seconds, then refuses), and every write goes through a journal in the tree's root
@@ -59,7 +65,12 @@ def _print_states(states: list[overlay.PatchState], root: Path) -> None:
         ident = patchset.patch_id(st.patch.source) or "-"
         _say(f"  {st.state:<11} {ident:<12} {rel}")
         if st.detail:
-            _say(f"              {st.detail}")
+            label = {overlay.EDITED: "applied, then edited: ", overlay.CARRIED: "already carried: "}
+            _say(f"              {label.get(st.state, '')}{st.detail}")
+        for line in st.lines or []:
+            _say(f"                | {line}")
+        if st.next_step:
+            _say(f"              next: {st.next_step}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,14 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 done, 1 refused or conflicting, 2 usage.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p_fetch = sub.add_parser("fetch", help="materialise the pinned tree at llm_rl/<recipe>/verl/")
+    p_fetch = sub.add_parser(
+        "fetch", help="materialise the base's pinned tree at llm_rl/<recipe>/verl-<base>/"
+    )
     p_fetch.add_argument(
         "--source",
         choices=("auto", "git", "sdist"),
         default="auto",
         help="git clone at the tag, the pip source distribution, or git then sdist (default)",
     )
-    p_fetch.add_argument("--dest", help="fetch into this folder instead of llm_rl/<recipe>/verl/")
+    p_fetch.add_argument("--dest", help="fetch into this folder instead of llm_rl/<recipe>/verl-<base>/")
     p_fetch.add_argument("--dry-run", action="store_true", help="say what would be fetched, change nothing")
     for name, text in (
         ("status", "show each patch as applied / applicable / conflicting"),
@@ -120,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
     p_list = sub.add_parser("list", help="list the recipes and overlays, or one recipe's series in order")
     p_list.add_argument("recipe", nargs="?", help="show this recipe's patches, in series order")
     p_list.add_argument("--with", dest="overlay", metavar="OVERLAY", help="with this overlay's series on top")
+    for p in (p_list, p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+        p.add_argument(
+            "--base",
+            metavar="VERSION",
+            help="the verl base whose pin and series to use (default: the recipe's default_base)",
+        )
     for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(manifest.recipe_names())}) or folder")
         p.add_argument(
@@ -127,14 +146,14 @@ def _parser() -> argparse.ArgumentParser:
             dest="overlay",
             metavar="OVERLAY",
             help=f"also the series of patches/OVERLAY/ on top ({', '.join(manifest.overlay_names()) or 'none'}); "
-            "default tree llm_rl/<recipe>/verl-OVERLAY/",
+            "default tree llm_rl/<recipe>/verl-<base>-OVERLAY/",
         )
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "list" and args.recipe:
-        recipe = manifest.load_recipe(args.recipe)
+        recipe = manifest.load_recipe(args.recipe, args.base)
         if args.overlay:
             recipe = manifest.with_overlay(recipe, args.overlay)
         _say(f"{recipe.name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches, in order:")
@@ -144,12 +163,17 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "list":
         for name in manifest.recipe_names():
-            recipe = manifest.load_recipe(name)
-            _say(f"{name}: {recipe.project} {recipe.version}, {len(recipe.series)} patches")
+            for recipe in manifest.recipe_bases(name):
+                mark = " (default)" if recipe.version == recipe.default and len(recipe.bases) > 1 else ""
+                note = f"; {recipe.note}" if recipe.note else ""
+                _say(
+                    f"{name}: {recipe.project} {recipe.version}{mark}, {len(recipe.series)} patches, "
+                    f"tree {recipe.default_target.relative_to(REPO)}/{note}"
+                )
         for name in manifest.overlay_names():
             _say(f"--with {name}: patches/{name}/overlay.toml (on top of a recipe's series)")
         return EXIT_OK
-    recipe = manifest.load_recipe(args.recipe)
+    recipe = manifest.load_recipe(args.recipe, args.base)
     if args.overlay:
         recipe = manifest.with_overlay(recipe, args.overlay)
     if args.command == "fetch":
@@ -173,15 +197,19 @@ def _run(args: argparse.Namespace) -> int:
         elif note := overlay.leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
-        if any(s.state == overlay.CONFLICTING for s in states) and (
+        if note := overlay.installed_note(root, recipe.project):
+            _say(f"  note: {note}")
+        if any(s.state in overlay.BLOCKED for s in states) and (
             note := overlay.carried_series(recipe, root, args.wait)
         ):
             _say(f"  {note}")
-        return EXIT_REFUSED if pending or any(s.state == overlay.CONFLICTING for s in states) else EXIT_OK
+        return EXIT_REFUSED if pending or any(s.state in overlay.BLOCKED for s in states) else EXIT_OK
     if args.command == "apply":
         states = overlay.apply_checked(recipe, root, args.dry_run, args.force, args.wait, _say)
         for line in overlay.apply_summary(recipe, root, states, args.dry_run):
             _say(line)
+        if note := overlay.installed_note(root, recipe.project):
+            _say(f"note: {note}")
         return EXIT_OK
     states = overlay.revert_series(recipe, root, args.dry_run, args.force, args.wait, _say)
     for line in overlay.revert_summary(recipe, root, states, args.dry_run):

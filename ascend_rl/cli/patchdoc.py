@@ -15,18 +15,21 @@ from ascend_rl.patchdoc import (
     DocError,
     _norm,
     all_patches,
+    base_sdists,
     check_all,
     computed_symbols,
+    expected_trees,
     format_symbols,
-    pinned_sdist,
     read_header,
     readmes,
     regenerate,
     rel,
     set_symbols,
     symbol_problems,
+    symbols_for,
 )
 from ascend_rl.patchset import patch_id
+from ascend_rl.trees import TREES_FILE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     write.add_argument(
         "--symbols",
         action="store_true",
-        help="also rewrite each header's Symbols field from its diff, read against the pinned verl sdist",
+        help="also rewrite each header's Symbols field from its diff, read against each base's verl sdist",
+    )
+    write.add_argument(
+        "--trees",
+        action="store_true",
+        help="also regenerate patches/trees.toml (the known trees' fingerprints) from the sdists and ../shared/trees",
     )
     return parser
 
@@ -75,22 +83,51 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             problems = check_all()
             try:
-                problems += symbol_problems(pinned_sdist())
+                sdists = base_sdists()
             except Exception as exc:  # DownloadError, ChecksumError: say so, never pass silently
-                print(f"patchdoc: Symbols fields not checked: {exc}", file=sys.stderr)
+                print(f"patchdoc: Symbols fields and patches/trees.toml not checked: {exc}", file=sys.stderr)
+            else:
+                problems += symbol_problems(sdists)
+                want, missing = expected_trees(sdists)
+                for note in missing:
+                    print(f"patchdoc: {note}; its recorded fingerprint is kept unchecked", file=sys.stderr)
+                have = TREES_FILE.read_text(encoding="utf-8") if TREES_FILE.is_file() else ""
+                if have != want:
+                    problems.append(
+                        f"{rel(TREES_FILE)} is not current; run: python -m ascend_rl patchdoc write --trees"
+                    )
             for problem in problems:
                 print(f"patchdoc: {problem}", file=sys.stderr)
             if not problems:
                 print(f"patchdoc: {len(all_patches())} patch headers valid, {len(readmes())} READMEs current")
             return EXIT_PROBLEMS if problems else EXIT_OK
         changed = 0
+        sdists = base_sdists() if (args.symbols or args.trees) else {}
         if args.symbols:
-            for path, value in computed_symbols(pinned_sdist()).items():
-                if args.dry_run:
+            computed = computed_symbols(sdists)
+            for path in computed:
+                value = symbols_for(computed, path)
+                if value is None:
+                    print(f"patchdoc: {rel(path)} touches different symbols per base; not rewritten")
+                elif args.dry_run:
                     if _norm(read_header(path).get("Symbols")) != _norm(" ".join(format_symbols(value))[9:]):
                         print(f"patchdoc: would rewrite Symbols: of {rel(path)}")
                 elif set_symbols(path, value):
                     print(f"patchdoc: rewrote Symbols: of {rel(path)}")
+        if args.trees:
+            want, missing = expected_trees(sdists)
+            for note in missing:
+                print(f"patchdoc: {note}; its recorded fingerprint is kept", file=sys.stderr)
+            have = TREES_FILE.read_text(encoding="utf-8") if TREES_FILE.is_file() else ""
+            if have != want:
+                changed += 1
+                if args.dry_run:
+                    print(f"patchdoc: would rewrite {rel(TREES_FILE)}")
+                else:
+                    tmp = TREES_FILE.with_suffix(".toml.tmp")
+                    tmp.write_text(want, encoding="utf-8")
+                    tmp.replace(TREES_FILE)
+                    print(f"patchdoc: rewrote {rel(TREES_FILE)}")
         for readme in readmes():
             old, new = regenerate(readme)
             if old == new:

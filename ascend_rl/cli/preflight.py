@@ -44,12 +44,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--recipe", required=True, help="recipe name under llm_rl/ (qwen2_5, deepseek_r1)")
     parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="the verl base the launch uses (the recipe's [bases]; default: its default_base): the tree is "
+        "checked against it and its series applied",
+    )
+    parser.add_argument(
         "--config-name", default="ppo_trainer", choices=TRAINER_CONFIGS, help="verl trainer config to compose"
     )
     parser.add_argument(
         "--verl-dir",
         type=Path,
-        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl)",
+        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl-<base>)",
     )
     parser.add_argument(
         "--tokenizer-config",
@@ -102,15 +108,23 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     """Run every check, print the report (with --json: the plan on out, the report on stderr); return the
     exit status."""
     plan_out, out = (out, sys.stderr) if args.json else (None, out)
-    verl_dir = (args.verl_dir or default_verl_dir(args.recipe)).resolve()
     if not (REPO / "llm_rl" / args.recipe / "recipe.toml").is_file():
         print(
             f"preflight: error: no recipe {args.recipe!r} under llm_rl/; use qwen2_5 or deepseek_r1",
             file=sys.stderr,
         )
         return 2
+    from ascend_rl import manifest
+    from ascend_rl.errors import OverlayError
+
     try:
-        tree = prepare_tree(args.recipe, verl_dir, args.overlay)
+        spec = manifest.load_recipe(args.recipe, args.base or None)
+    except OverlayError as exc:
+        print(f"preflight: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    verl_dir = (args.verl_dir or default_verl_dir(args.recipe, spec.version)).resolve()
+    try:
+        tree = prepare_tree(args.recipe, verl_dir, args.overlay, base=spec.version)
         cfg = compose(verl_dir, args.config_name, args.overrides)
         check_override_types(compose(verl_dir, args.config_name, [], resolve=False), cfg, args.overrides)
     except PreflightError as exc:
@@ -159,9 +173,6 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         print("command:", file=out)
         print(f"  {trainer_command(verl_dir, args.config_name, args.overrides)}", file=out)
     if plan_out is not None:
-        from ascend_rl import manifest
-
-        spec = manifest.load_recipe(args.recipe)
         plan = launch_plan(args, spec, verl_dir, plan_env(args.env))
         print(json.dumps(plan), file=plan_out)
     return 0

@@ -5,11 +5,11 @@
 # Megatron actor and reference (EP=2) on gloo, verl's sync vLLM rollout on the vLLM 0.13.0 CPU build,
 # explicit offload, the AlltoAllV expert reshard setting, a tiny DeepSeek-V3 checkpoint. Only what must
 # shrink or what CPU needs is set here; the launcher's overrides come first and these win over them, the
-# user's arguments win over both. The verl tree is llm_rl/deepseek_r1/verl-cpu: the recipe's series plus
+# user's arguments win over both. The verl tree is llm_rl/deepseek_r1/verl-<base>-cpu: the recipe's series plus
 # patches/cpu/ (cpu-0005 makes megatron-core run on CPU), never the tree an NPU launch uses.
 # shellcheck shell=bash disable=SC2034
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
 # what `python3 -m ascend_rl e2e --runs deepseek` (make e2e) makes: ascend_rl/harness/tiny_deepseek.py, the bundled problems
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"

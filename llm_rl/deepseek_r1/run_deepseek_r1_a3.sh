@@ -7,7 +7,7 @@
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
 # Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
-# (data/deepscaler), VERL_DIR (verl/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
+# (data/deepscaler), VERL_DIR (verl-<base>/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
 # against verl's ppo_megatron_trainer and prints the node-by-node commands. --cpu (or PROFILE=cpu): the same
 # launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes). --json: the dry
@@ -17,6 +17,8 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# The verl base (VERL_BASE; default recipe.toml's default_base, the only one this recipe has: 0.6.0).
+VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")}"
 
 VARIANT=real
 PROFILE="${PROFILE:-npu}"
@@ -47,7 +49,7 @@ case "$PROFILE" in
     # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
     MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
-    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # main_ppo starts its own Ray with these (the user's PYTHONPATH last)
     RUN_PYTHONPATH="$RECIPES_CPU_PYTHONPATH"
     # shellcheck source=cpu_profile.sh
@@ -57,7 +59,7 @@ esac
 
 NNODES="${NNODES:-16}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl}"
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
 MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/DeepSeek-R1-bf16}"
 MCORE_DIR="${MCORE_DIR:-$RECIPE_DIR/model/DeepSeek-R1-mcore}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
@@ -175,7 +177,7 @@ esac
 OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
-"$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --config-name ppo_megatron_trainer \
+"$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --base "$VERL_BASE" --config-name ppo_megatron_trainer \
   --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" \
   "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then

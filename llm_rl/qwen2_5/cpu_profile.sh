@@ -4,11 +4,11 @@
 # overrides) on a machine with no accelerator: verl's vLLM rollout on the vLLM 0.13.0 CPU build,
 # FSDP2 on gloo, a tiny Qwen2 checkpoint. Only what must shrink or what CPU needs is set here; the
 # recipe's overrides come first and these win over them, the user's arguments win over both.
-# The verl tree is llm_rl/qwen2_5/verl-cpu: the recipe's series plus patches/cpu/ (overlay.py --with cpu),
+# The verl tree is llm_rl/qwen2_5/verl-<base>-cpu: the base's series plus patches/cpu/'s for that base (--with cpu),
 # never the tree an NPU launch uses. `make e2e` drives this profile; see the recipe README.
 # shellcheck shell=bash disable=SC2034
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu)

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Qwen2.5-1.5B-Instruct GRPO on MATH-lighteval, one Atlas A2 node (4 cards by default).
 #
-#   bash run_qwen2_5_1_5b.sh [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
+#   bash run_qwen2_5_1_5b.sh [--base VERSION] [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
 #
+# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the original guide's sync rollout)
+# or 0.7.1 (verl's own Ascend release, server-mode rollout); default: recipe.toml's default_base.
 # Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
-# holding train.parquet and test.parquet), VERL_DIR (default verl/, fetched and patched
-# by ascend_rl/overlay.py), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
+# holding train.parquet and test.parquet), VERL_DIR (default verl-<base>/, fetched and patched
+# by the overlay tool), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
 # all relative to this folder. NPUS (default 4) sets the card count; run_qwen2_5_1_5b_single.sh
 # is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
 # --cpu (or PROFILE=cpu) runs the same launch on a machine with no NPU: cpu_profile.sh says what
-# it changes (tiny model from e2e_out/, small batches, the verl-cpu tree, vLLM's CPU build).
+# it changes (tiny model from e2e_out/, small batches, the verl-<base>-cpu tree, vLLM's CPU build).
 # --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl
 # tree and base, environment), the report on stderr; it implies --dry-run.
 set -euo pipefail
@@ -24,16 +26,29 @@ DRY_RUN=()
 JSON=()
 LAUNCH_ENV=()
 ARGS=()
-for arg in "$@"; do
+VERL_BASE="${VERL_BASE:-}"
+while [ "$#" -gt 0 ]; do
+  arg="$1"; shift
   case "$arg" in
     --dry-run) DRY_RUN=(--dry-run) ;;
     --json) DRY_RUN=(--dry-run); JSON=(--json) ;;
     --cpu) PROFILE=cpu ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --base=*) VERL_BASE="${arg#--base=}" ;;
+    --base)
+      [ "$#" -gt 0 ] || { echo "$(basename "$0"): --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
+      VERL_BASE="$1"; shift ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
     --*=*|--[a-z]*) echo "$(basename "$0"): unknown option '$arg'; run with --help" >&2; exit 2 ;;
     *) ARGS+=("$arg") ;;
   esac
 done
+# The base: --base / VERL_BASE, else recipe.toml's default_base (the preflight refuses one the recipe lacks).
+[ -n "$VERL_BASE" ] || VERL_BASE="$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")"
+# What a base needs on top of the recipe's overrides: 0.7.1 has only the server-mode (async) rollout.
+case "$VERL_BASE" in
+  0.7.1) BASE_OVERRIDES=(actor_rollout_ref.rollout.mode=async) ;;
+  *) BASE_OVERRIDES=() ;;
+esac
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
   cpu)
@@ -67,7 +82,7 @@ if [ -z "${ASCEND_RT_VISIBLE_DEVICES:-}" ]; then
 fi
 export ASCEND_RT_VISIBLE_DEVICES
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl}"
+VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
 MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/Qwen2_5_1_5B_Instruct}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/math}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
@@ -139,10 +154,10 @@ OVERRIDES=(
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
 )
 
-OVERRIDES+=("${CPU_OVERRIDES[@]}")
+OVERRIDES+=("${BASE_OVERRIDES[@]}" "${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
-"$PYTHON" -m ascend_rl preflight --recipe qwen2_5 --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
+"$PYTHON" -m ascend_rl preflight --recipe qwen2_5 --base "$VERL_BASE" --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
   --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" "${JSON[@]}" \
   "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"

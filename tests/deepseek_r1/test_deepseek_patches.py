@@ -93,7 +93,7 @@ def test_rollout_sets_dp_env_and_ep(patched):
 
 
 def test_patched_files_compile(patched):
-    recipe = overlay.load_recipe("deepseek_r1")
+    recipe = overlay.load_recipe("deepseek_r1", "0.6.0")
     touched = {fp.path for path in recipe.series for fp in overlay.patchset.parse(path).files}
     for rel in sorted(p for p in touched if p.endswith(".py")):
         compile((patched / rel).read_text(), rel, "exec")

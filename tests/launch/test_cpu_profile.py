@@ -44,7 +44,7 @@ def test_cpu_profile_keeps_the_recipe_overrides_and_appends_its_own(tmp_path, ve
     assert plan["env"]["RAY_USE_UVLOOP"] == "0" and plan["env"]["OMP_NUM_THREADS"] == "1"
     assert plan["verl"]["overlay"] == "cpu"
     # ... and patched the tree with the recipe's series plus the CPU overlay.
-    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
+    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu")
     assert {s.state for s in overlay.series_status(cpu, verl_tree)} == {"applied"}
 
 
@@ -52,7 +52,7 @@ def test_npu_profile_never_applies_the_cpu_overlay(tmp_path, verl_tree):
     proc = _launch(tmp_path, verl_tree, "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "trainer.device=cpu" not in dry_run_plan(proc)["argv"]
-    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu")
+    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu")
     states = {s.patch.source.parent.name: s.state for s in overlay.series_status(cpu, verl_tree)}
     assert states == {"verl": "applied", "cpu": "applicable"}
 
@@ -65,7 +65,7 @@ def test_unknown_profile_and_option_are_one_line_usage_errors(tmp_path, verl_tre
         assert proc.returncode == 2
         assert len(proc.stderr.strip().splitlines()) == 1
     # Refused before the preflight: the tree was not touched.
-    recipe = overlay.load_recipe("qwen2_5")
+    recipe = overlay.load_recipe("qwen2_5", "0.6.0")
     assert {s.state for s in overlay.series_status(recipe, verl_tree)} == {"applicable"}
 
 

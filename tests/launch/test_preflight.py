@@ -221,7 +221,7 @@ def _cpu_tree_with_a_changed_patch(tree: Path) -> Path:
     from ascend_rl import overlay
 
     overlay.apply_series(
-        overlay.with_overlay(overlay.load_recipe("qwen2_5"), "cpu"), tree, log=lambda m: None
+        overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu"), tree, log=lambda m: None
     )
     trainer = tree / "verl" / "trainer" / "ppo" / "ray_trainer.py"
     text = trainer.read_text()

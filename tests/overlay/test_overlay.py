@@ -15,7 +15,7 @@ from ascend_rl import overlay
 from ascend_rl.paths import REPO
 
 OVERLAY = ["-m", "ascend_rl", "overlay"]  # the command, as a user runs it
-PIN = overlay.load_recipe("qwen2_5")
+PIN = overlay.load_recipe("qwen2_5", "0.6.0")
 PADDING = "verl/workers/roles/utils/padding.py"
 PROTOCOL = "verl/protocol.py"
 
@@ -363,7 +363,7 @@ def test_list_takes_a_recipe_as_the_readme_shows():
     proc = cli("list", "qwen2_5")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    series = overlay.load_recipe("qwen2_5").series
+    series = overlay.load_recipe("qwen2_5", "0.6.0").series
     assert lines[0] == f"qwen2_5: verl 0.6.0, {len(series)} patches, in order:"
     rows = [ln.split() for ln in lines[1:]]
     assert [r[1] for r in rows] == [str(p.relative_to(overlay.REPO)) for p in series]
@@ -386,7 +386,7 @@ def test_status_names_another_recipes_series_on_the_tree(verl_tree):
     assert cli("apply", "deepseek_r1", "--target", verl_tree).returncode == 0
     status = cli("status", "qwen2_5", "--target", verl_tree)
     assert status.returncode == 1 and "conflicting" in status.stdout
-    n = len(overlay.load_recipe("deepseek_r1").series)
+    n = len(overlay.load_recipe("deepseek_r1", "0.6.0").series)
     assert f"this tree carries recipe deepseek_r1's series ({n} of {n} patches applied)" in status.stdout
     assert f"overlay.py revert deepseek_r1 --target {verl_tree.resolve()}" in status.stdout
     refused = cli("apply", "qwen2_5", "--target", verl_tree)

@@ -21,7 +21,7 @@ from test_overlay import PROTOCOL, cli, make_patch, make_recipe, tree_hash
 from ascend_rl import journal, overlay
 from ascend_rl.cli import overlay as overlay_cli
 
-DEEPSEEK = overlay.load_recipe("deepseek_r1")
+DEEPSEEK = overlay.load_recipe("deepseek_r1", "0.6.0")
 SERIES = overlay.load_series(DEEPSEEK)
 TOUCHED = sorted({fp.path for patch in SERIES for fp in patch.files})
 CONTROL = (journal.LOCK_NAME, journal.TXN_NAME, journal.TXN_PREP)

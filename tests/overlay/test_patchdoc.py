@@ -42,6 +42,7 @@ GOOD = dict(
     Origin="vendor, https://example.org/guide",
     Forwarded="no",
     Symbols="verl.x: f",
+    Bases="0.6.0",
     Verified="a test",
     Needs_Hardware="none",
     Retire_When="upstream fixes it",
@@ -122,16 +123,17 @@ def test_the_repositorys_tables_are_generated_and_current() -> None:
 
 
 def test_symbols_are_what_each_diff_touches_in_the_sdist(verl_sdist_path: Path, monkeypatch) -> None:
-    computed = patchdoc.computed_symbols(verl_sdist_path)
+    sdists = {"0.6.0": verl_sdist_path}
+    computed = patchdoc.computed_symbols(sdists)
     assert set(computed) == {
-        p for spec in ("qwen2_5", "deepseek_r1", "overlay:cpu") for p in patchdoc.series(spec)
+        p for spec in ("qwen2_5@0.6.0", "deepseek_r1@0.6.0", "overlay:cpu@0.6.0") for p in patchdoc.series(spec)
     }
     offload = next(p for p in computed if patchdoc.patch_id(p) == "ds-0004")
     assert (
-        "vLLMRollout.release" in computed[offload]
-        and "verl.utils.explicit_offload (new)" in computed[offload]
+        "vLLMRollout.release" in computed[offload]["0.6.0"]
+        and "verl.utils.explicit_offload (new)" in computed[offload]["0.6.0"]
     )
-    assert patchdoc.symbol_problems(verl_sdist_path) == []
+    assert patchdoc.symbol_problems(sdists) == []
     real = patchdoc.read_header
 
     def tampered(path: Path) -> patchdoc.Header:
@@ -141,7 +143,7 @@ def test_symbols_are_what_each_diff_touches_in_the_sdist(verl_sdist_path: Path, 
         return header
 
     monkeypatch.setattr(patchdoc, "read_header", tampered)
-    problems = patchdoc.symbol_problems(verl_sdist_path)
+    problems = patchdoc.symbol_problems(sdists)
     assert len(problems) == 1 and "ds-0004" in problems[0]
 
 

@@ -81,7 +81,7 @@ def test_series_leaves_no_broken_import(recipe_name: str, repo_root: Path, verl_
 def test_patched_rollout_builds_compilation_config_with_an_existing_mode(
     repo_root: Path, verl_tree, index
 ) -> None:
-    overlay.apply_series(overlay.load_recipe("qwen2_5"), verl_tree)
+    overlay.apply_series(overlay.load_recipe("qwen2_5", "0.6.0"), verl_tree)
     tree = ast.parse((verl_tree / SPMD).read_text())
     calls = [
         n

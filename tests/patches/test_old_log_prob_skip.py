@@ -33,7 +33,7 @@ def measured(tmp_path_factory, _pristine_verl_master) -> dict:
 
     assert any("old-log-prob-skip" in p for p in _series("deepseek_r1")), "skip patches not in the series"
     tree = tmp_path_factory.mktemp("skip") / "verl-tree"
-    patched_copy(_pristine_verl_master, tree, overlay.load_recipe("deepseek_r1"))
+    patched_copy(_pristine_verl_master, tree, overlay.load_recipe("deepseek_r1", "0.6.0"))
     return run_on_tree(__file__, tree)
 
 

@@ -26,7 +26,7 @@ def test_unpatched_fit_does_not_log_reward_components(pristine_verl: Path) -> No
 
 
 def test_patched_metrics_are_batch_means_of_numeric_components(verl_tree: Path) -> None:
-    overlay.apply_series(overlay.load_recipe("qwen2_5"), verl_tree)
+    overlay.apply_series(overlay.load_recipe("qwen2_5", "0.6.0"), verl_tree)
     compute = _load_function(verl_tree / METRIC_UTILS, "compute_reward_extra_metrics")
     infos = {
         "score": [1.0, 0.0, 0.9, 0.2],
@@ -45,7 +45,7 @@ def test_patched_metrics_are_batch_means_of_numeric_components(verl_tree: Path) 
 
 
 def test_fit_adds_them_where_the_components_enter_the_batch(verl_tree: Path) -> None:
-    overlay.apply_series(overlay.load_recipe("qwen2_5"), verl_tree)
+    overlay.apply_series(overlay.load_recipe("qwen2_5", "0.6.0"), verl_tree)
     lines = (verl_tree / RAY_TRAINER).read_text().splitlines()
     at = next(i for i, ln in enumerate(lines) if "metrics.update(compute_reward_extra_metrics(" in ln)
     assert "batch.non_tensor_batch.update" in lines[at - 1] and "if reward_extra_infos_dict:" in lines[at - 2]
