@@ -84,23 +84,40 @@ def carries(patch: patchset.Patch, get: Callable[[str], bytes | None]) -> bool:
     return any(added_lines(patch).values())
 
 
-def diagnose(patch: patchset.Patch, get: Callable[[str], bytes | None], upstream: str = "") -> Diagnosis:
-    """Classify a patch that neither applies nor reverts on the tree `get` reads. `upstream`: evidence that
-    the tree's base took the fix (from the recipe manifest's `retired` table), if any."""
+def diagnose(
+    patch: patchset.Patch, get: Callable[[str], bytes | None], upstream: str = "", own_base: bool = True
+) -> Diagnosis:
+    """Classify a patch that neither applies nor reverts on the tree `get` reads. `own_base`: the tree is
+    the version the series was written for (then lines like the patch's own are a local edit of an applied
+    patch; on another version, the same lines already there mean the tree carries the fix). `upstream`:
+    evidence that the tree's version took the fix (the recipe manifest's `retired` table), if any."""
     on = off = 0
     edited: list[tuple[str, patchset.Hunk, int, list[bytes]]] = []
     conflict: list[tuple[str, patchset.Hunk, int, list[bytes]]] = []
     for fp in patch.files:
         data = get(fp.path)
+        if fp.old_path is None:  # the patch creates this file
+            if data is None:
+                off += 1
+            elif data == b"".join(fp.hunks[0].new):
+                on += 1
+            else:
+                conflict.append((fp.path, patchset.Hunk(0, 0), -1, []))
+            continue
         if data is None:
             conflict.append((fp.path, patchset.Hunk(0, 0), 0, []))
             continue
         lines = data.splitlines(keepends=True)
+        present = {line.strip() for line in lines}
         for index, hunk in enumerate(fp.hunks, start=1):
+            old = {line.strip() for line in hunk.old}
+            adds = [ln.strip() for ln in hunk.new if ln.strip() and ln.strip() not in old]
             if _find(lines, hunk.new) and hunk.new != hunk.old:
                 on += 1
             elif _find(lines, hunk.old):
                 off += 1
+            elif not own_base and adds and all(a in present for a in adds):
+                on += 1  # the same change, in surroundings of another version
             else:
                 r_new, at_new = _nearest(lines, hunk.new)
                 r_old, at_old = _nearest(lines, hunk.old)
@@ -108,7 +125,7 @@ def diagnose(patch: patchset.Patch, get: Callable[[str], bytes | None], upstream
                     edited.append((fp.path, hunk, index, lines[at_new : at_new + len(hunk.new)]))
                 else:
                     conflict.append((fp.path, hunk, index, lines[at_old : at_old + len(hunk.old)]))
-    if carries(patch, get) or upstream:
+    if not own_base and (upstream or carries(patch, get)):
         why = f" ({upstream})" if upstream else ""
         return Diagnosis(
             CARRIED,
@@ -117,7 +134,7 @@ def diagnose(patch: patchset.Patch, get: Callable[[str], bytes | None], upstream
             f"the tree already carries this fix{why}: use the series of the base this tree is "
             f"(`overlay status --base VERSION`), not this one",
         )
-    if edited and not off and not conflict:
+    if own_base and edited and not conflict:
         path, hunk, index, found = edited[0]
         return Diagnosis(
             EDITED,
@@ -132,6 +149,13 @@ def diagnose(patch: patchset.Patch, get: Callable[[str], bytes | None], upstream
     if index == 0:
         return Diagnosis(
             CONFLICTING, f"{path}: the file does not exist", [], "fetch a clean tree of the base"
+        )
+    if index == -1:
+        return Diagnosis(
+            CONFLICTING,
+            f"{path}: the patch creates it but it already exists with other content",
+            [],
+            "move that file away or fetch a clean tree of the base",
         )
     expected = hunk.old if conflict else hunk.new
     return Diagnosis(

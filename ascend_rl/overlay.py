@@ -98,7 +98,7 @@ def wrong_tree(recipe: Recipe, root: Path, found: str | None) -> str:
             f"{root} is {what}, a base of {recipe.name}, which is on {recipe.version} here: "
             f"pass --base {found} (launchers: VERL_BASE={found})"
         )
-    if match is not None and not match.tree.base and match.same >= match.total / 2:
+    if match is not None and not match.tree.base and match.same >= 0.75 * match.total:
         return f"{root} is {what}; " + match.tree.advice.format(recipe=recipe.recipe)
     bases = ", ".join(recipe.bases or (recipe.version,))
     return (
@@ -264,12 +264,14 @@ def plan(
             states.append(PatchState(patch, APPLIED if idx in applied else APPLICABLE))
             continue
         state = PatchState(patch, CONFLICTING, str(conflict), str(stuck.get(idx, conflict)))
-        found = diagnose.diagnose(patch, full.get, upstream_evidence(recipe, root, patch))
+        own_base = tree_version(root, recipe.project) == recipe.version
+        found = diagnose.diagnose(patch, full.get, upstream_evidence(recipe, root, patch), own_base)
         state.lines, state.next_step = found.lines, found.next_step
+        state.detail = found.where
         if found.kind == diagnose.EDITED:
-            state.state, state.detail = EDITED, found.where
+            state.state = EDITED
         elif found.kind == diagnose.CARRIED:
-            state.state, state.detail = CARRIED, found.where
+            state.state = CARRIED
         states.append(state)
     return states, full, base
 

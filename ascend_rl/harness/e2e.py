@@ -4,9 +4,12 @@ Each run is the recipe's own launcher with its CPU profile (`run_qwen2_5_1_5b_si
 preflight, then `verl.trainer.main_ppo` -> Ray -> FSDP2 workers on gloo -> verl's vLLM rollout on
 the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update -> checkpoint.
 
-    sync    3 GRPO steps, actor_rollout_ref.rollout.mode=sync (the recipe's mode), checkpoint at step 2
-    async   3 GRPO steps, rollout.mode=async (verl's agent-loop server)
-    resume  trainer.resume_mode=auto from a copy of the sync run's step-2 checkpoint: does step 3
+    sync    verl 0.6.0: 3 GRPO steps, actor_rollout_ref.rollout.mode=sync (the guide's mode), checkpoint at step 2
+    async   verl 0.6.0: 3 GRPO steps, rollout.mode=async (verl's agent-loop server)
+    resume  verl 0.6.0: trainer.resume_mode=auto from a copy of the sync run's step-2 checkpoint: does step 3
+    v071    verl 0.7.1 (VERL_BASE=0.7.1): 3 GRPO steps through its server-mode rollout (the only one it has;
+            weights to the vLLM server in shared-memory buckets on CPU), checkpoint at step 2
+    v071-resume  verl 0.7.1: resume_mode=auto from a copy of the v071 run's step-2 checkpoint: does step 3
     deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
             Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
             rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
@@ -53,8 +56,12 @@ from ascend_rl.harness.launch import (
 )
 from ascend_rl.paths import REPO
 
-RUNS = ("sync", "async", "resume", "deepseek")
+RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek")
 DEEPSEEK = "deepseek"
+# The verl base each run launches on (VERL_BASE), and the run a resume continues.
+RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
+RUN_BASE["deepseek"] = "0.6.0"
+RESUMES = {"resume": "sync", "v071-resume": "v071"}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -100,10 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [r for r in args.runs if r not in RUNS]
     if unknown or not args.runs:
         parser.error(f"--runs takes {', '.join(RUNS)}; got {args.runs}")
-    if "resume" in args.runs and "sync" not in args.runs[: args.runs.index("resume")]:
-        parser.error("--runs: resume continues the sync run's checkpoint; list sync before it")
-    if args.steps < 3 and "resume" in args.runs:
-        parser.error("--steps must be at least 3 with resume (it continues from step 2)")
+    for resume, source in RESUMES.items():
+        if resume in args.runs and source not in args.runs[: args.runs.index(resume)]:
+            parser.error(f"--runs: {resume} continues the {source} run's checkpoint; list {source} before it")
+        if args.steps < 3 and resume in args.runs:
+            parser.error(f"--steps must be at least 3 with {resume} (it continues from step 2)")
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     return args
@@ -179,11 +187,11 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
         # advantages and no gradient. A small entropy bonus keeps a gradient in every step (Adam
         # then moves each weight by about lr), so the stale gap the sync is judged against grows.
         "actor_rollout_ref.actor.entropy_coeff=0.01",
-        f"actor_rollout_ref.rollout.mode={'async' if name == 'async' else 'sync'}",
-        "trainer.save_freq=2" if name == "sync" else "trainer.save_freq=-1",
-        "trainer.resume_mode=auto" if name == "resume" else "trainer.resume_mode=disable",
+        f"actor_rollout_ref.rollout.mode={'sync' if name in ('sync', 'resume') else 'async'}",
+        "trainer.save_freq=2" if name in RESUMES.values() else "trainer.save_freq=-1",
+        "trainer.resume_mode=auto" if name in RESUMES else "trainer.resume_mode=disable",
     ]
-    if name == "async":
+    if name in ("async", "v071"):
         # A list and a dict engine setting, so the run goes through vLLM's CLI parser the way
         # patch shared-0005 fixed (both are no-ops here: eager mode, the checkpoint's own value).
         overrides += [
@@ -194,11 +202,15 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def seed_resume(out: Path, run_dir: Path) -> None:
-    """Copy the sync run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
-    src = out / "sync" / "ckpt" / "e2e_sync" / "global_step_2"
+    """Copy the source run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
+    name = run_dir.name
+    source = RESUMES[name]
+    src = out / source / "ckpt" / f"e2e_{source}" / "global_step_2"
     if not (src / "actor").is_dir():
-        raise HarnessError(f"resume: {src} is missing; the sync run must save its step-2 checkpoint first")
-    dest_root = run_dir / "ckpt" / "e2e_resume"
+        raise HarnessError(
+            f"{name}: {src} is missing; the {source} run must save its step-2 checkpoint first"
+        )
+    dest_root = run_dir / "ckpt" / f"e2e_{name}"
     shutil.copytree(src, dest_root / "global_step_2")
     (dest_root / "latest_checkpointed_iteration.txt").write_text("2")
 
@@ -214,7 +226,8 @@ def run(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) ->
         data_dir,
         timeout_s=args.timeout,
         disable_weight_sync=args.disable_weight_sync,
-        seed=(lambda run_dir: seed_resume(args.out, run_dir)) if name == "resume" else None,
+        seed=(lambda run_dir: seed_resume(args.out, run_dir)) if name in RESUMES else None,
+        base=RUN_BASE[name],
     )
 
 
@@ -230,6 +243,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in r.rows],
             "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
             "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
+            "base": RUN_BASE[r.name],
             "resumed_from_step": r.resumed_from,
             "checkpoint_at_start": r.checkpoint_at_start,
             "wall_s": round(r.wall_s, 1),
@@ -326,12 +340,12 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
     """The pass/fail lines: steps done, resume point, and the weight-sync proof at each run's last step."""
     results = []
     for name, run in runs.items():
-        first = 3 if name == "resume" else 1
+        first = 3 if name in RESUMES else 1
         want = list(range(first, args.steps + 1))
         results.append(
             {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
         )
-        if name == "resume":
+        if name in RESUMES:
             got, tracked = run["resumed_from_step"], run["checkpoint_at_start"]
             first = run["steps_done"][0] if run["steps_done"] else None
             detail = (
@@ -372,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for name in args.runs:
             print(
-                f"{name}: bash {launcher_for(name).relative_to(REPO)} --cpu {' '.join(run_overrides(name, args))}"
+                f"{name}: VERL_BASE={RUN_BASE[name]} bash {launcher_for(name).relative_to(REPO)} --cpu "
+                f"{' '.join(run_overrides(name, args))}"
             )
         return EXIT_OK
     start = time.perf_counter()
@@ -396,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
     write_json_atomic(args.out / "summary.json", summary)
     for c in summary["checks"]:
-        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<8} {c['check']:<13} {c['detail']}")
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<11} {c['check']:<13} {c['detail']}")
     print(
         f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
         f"wrote {args.out / 'summary.json'}"

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--verl-tree",
         type=Path,
-        default=paths.verl_tree("qwen2_5"),
+        default=paths.verl_tree("qwen2_5", base="0.6.0"),
         help="where the patched verl 0.6.0 tree is fetched and patched (default: llm_rl/qwen2_5/verl)",
     )
     parser.add_argument(

@@ -68,10 +68,20 @@ def check_interpreter() -> str:
 
 
 def launcher_env(
-    name: str, out: Path, model_dir: Path, data_dir: Path, disable_weight_sync: bool, prefix: str = "e2e"
+    name: str,
+    out: Path,
+    model_dir: Path,
+    data_dir: Path,
+    disable_weight_sync: bool,
+    prefix: str = "e2e",
+    base: str | None = None,
 ) -> dict[str, str]:
-    """This process's environment with the run's model, data, folders and name, and the e2e Python first on PATH."""
+    """This process's environment with the run's model, data, folders, name and verl base (VERL_BASE; the
+    recipe's default when None), and the e2e Python first on PATH."""
     env = dict(os.environ)
+    env.pop("VERL_BASE", None)
+    if base:
+        env["VERL_BASE"] = base
     run_dir = out / name
     env.update(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
@@ -101,6 +111,7 @@ def launch(
     disable_weight_sync: bool = False,
     prefix: str = "e2e",
     seed: Callable[[Path], None] | None = None,
+    base: str | None = None,
 ) -> RunResult:
     """`bash launcher --cpu overrides` in a fresh <out>/<name>/ (seed(that folder) first, when given); the output
     goes to <out>/<name>/launcher.log, each step verl logs to the terminal. disable_weight_sync: the negative
@@ -110,13 +121,14 @@ def launch(
     run_dir.mkdir(parents=True)
     if seed is not None:
         seed(run_dir)
-    env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix)
+    env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix, base)
     cmd = ["bash", str(launcher), "--cpu", *overrides]
     log_path = run_dir / "launcher.log"
     metrics = Path(env["VERL_FILE_LOGGER_PATH"])
     # resume_mode=auto loads what the tracker names as the run starts; the run may then save checkpoints of its own
     checkpoint_at_start = tracked_step(Path(env["CKPT_DIR"]) / env["RUN_NAME"])
-    print(f"{prefix}: {name}: {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
+    on = f"VERL_BASE={base} " if base else ""
+    print(f"{prefix}: {name}: {on}{' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     shown, seen_size = 0, -1
 
     def show_new_steps() -> None:

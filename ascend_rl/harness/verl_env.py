@@ -10,7 +10,8 @@ from pathlib import Path
 from ascend_rl.paths import verl_tree
 
 RECIPE = "qwen2_5"
-PATCHED_TREE = verl_tree(RECIPE)
+BASE = "0.6.0"  # the in-process harness imports the .venv's verl, which is 0.6.0 (scripts/setup_dev.sh)
+PATCHED_TREE = verl_tree(RECIPE, base=BASE)
 
 
 class DemoError(Exception):
@@ -22,7 +23,7 @@ def materialise_patched_tree(tree: Path = PATCHED_TREE, log=print) -> Path:
     from ascend_rl import overlay
 
     try:
-        recipe = overlay.load_recipe(RECIPE)
+        recipe = overlay.load_recipe(RECIPE, BASE)
         if not (tree / "verl" / "__init__.py").is_file():
             overlay.fetch(recipe, source="sdist", dest=tree, log=log)
         states = overlay.apply_series(recipe, tree)

@@ -126,7 +126,9 @@ def test_symbols_are_what_each_diff_touches_in_the_sdist(verl_sdist_path: Path, 
     sdists = {"0.6.0": verl_sdist_path}
     computed = patchdoc.computed_symbols(sdists)
     assert set(computed) == {
-        p for spec in ("qwen2_5@0.6.0", "deepseek_r1@0.6.0", "overlay:cpu@0.6.0") for p in patchdoc.series(spec)
+        p
+        for spec in ("qwen2_5@0.6.0", "deepseek_r1@0.6.0", "overlay:cpu@0.6.0")
+        for p in patchdoc.series(spec)
     }
     offload = next(p for p in computed if patchdoc.patch_id(p) == "ds-0004")
     assert (

@@ -25,7 +25,9 @@ def measured(tmp_path_factory, _pristine_verl_master) -> dict:
     from ascend_rl import overlay
 
     tree = tmp_path_factory.mktemp("autocast") / "verl-tree"
-    patched_copy(_pristine_verl_master, tree, overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu"))
+    patched_copy(
+        _pristine_verl_master, tree, overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu")
+    )
     return run_on_tree(__file__, tree, timeout=600)
 
 
