@@ -55,6 +55,7 @@ TOOLS = {
 RECIPE_TOOLS = (
     "llm_rl.qwen2_5.prepare_math500",
     "llm_rl.qwen2_5.bench_reward",
+    "llm_rl.qwen2_5.bench_bases",
     "llm_rl.deepseek_r1.prepare_deepscaler",
     "llm_rl.deepseek_r1.derive_config",
     "llm_rl.deepseek_r1.bench_reshard",
