@@ -85,6 +85,8 @@ class Recipe:
     default: str = ""  # the base used when none is named
     retired: dict[str, str] = field(default_factory=dict, compare=False)  # patch id -> evidence
     note: str = ""  # what this base is for, from its manifest table
+    image: str = ""  # the container image (CANN release) the base is run with on an NPU host
+    image_source: str = ""  # where that image is named
 
     @property
     def recipe(self) -> str:
@@ -145,6 +147,8 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             default=default,
             retired={str(k): str(v) for k, v in table.get("retired", {}).items()},
             note=str(table.get("note", "")),
+            image=str(table.get("image", "")),
+            image_source=str(table.get("image_source", "")),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(

@@ -169,3 +169,16 @@ def test_list_shows_every_base_and_its_tree() -> None:
         for spec in manifest.recipe_bases(name):
             assert f"{name}: verl {spec.version}" in proc.stdout
             assert f"tree llm_rl/{name}/verl-{spec.version}/" in proc.stdout
+
+
+def test_each_dockerfile_builds_the_recipes_default_base_on_its_image() -> None:
+    import re
+
+    for name in manifest.recipe_names():
+        spec = manifest.load_recipe(name)
+        text = (REPO / "docker" / f"Dockerfile.{name}").read_text()
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE))
+        assert args["VERL_BASE"] == spec.default, f"Dockerfile.{name} builds {args['VERL_BASE']}"
+        assert spec.image and args["BASE_IMAGE"] == spec.image, f"Dockerfile.{name}: {args['BASE_IMAGE']}"
+        for other in manifest.recipe_bases(name):
+            assert other.image and other.image_source, f"{name} base {other.version} names no image"
