@@ -17,10 +17,12 @@ LAUNCHERS = [  # every recipe launcher a user runs
 
 
 def launcher_env(tmp_path: Path, verl_tree: Path, **extra: str) -> dict[str, str]:
-    """This environment with the venv's python3 first (as activated), VERL_DIR and run folders under tmp_path."""
+    """This environment with the venv's python3 first (as activated), VERL_DIR and run folders under tmp_path,
+    and VERL_BASE=0.6.0 (the fixtures' trees are verl 0.6.0; pass VERL_BASE=... for another base's tree)."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(VERL_DIR=str(verl_tree), LOG_DIR=str(tmp_path / "run_log"), CKPT_DIR=str(tmp_path / "ckpt"))
+    env["VERL_BASE"] = "0.6.0"
     env.update(extra)
     return env
 

@@ -1,0 +1,55 @@
+"""The launchers pick a verl base (--base or VERL_BASE=, else the recipe's default_base), name it in --help,
+hand it to the preflight and put it in the dry run's plan; an unknown base is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_rl import manifest
+from launcher_env import LAUNCHERS, dry_run_plan, launcher_env, run_launcher
+
+QWEN_LAUNCHERS = LAUNCHERS[:2]
+
+
+@pytest.mark.parametrize("script", QWEN_LAUNCHERS)
+def test_help_names_the_base_option(script, tmp_path, verl_tree):
+    proc = run_launcher(script, ["--help"], launcher_env(tmp_path, verl_tree))
+    assert proc.returncode == 0 and "--base VERSION" in proc.stdout and "VERL_BASE" in proc.stdout
+    assert "set -euo pipefail" not in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["option", "option=", "env"])
+def test_the_base_reaches_the_plan(how, tmp_path, verl_tree):
+    env = launcher_env(tmp_path, verl_tree)
+    args = ["--dry-run", "--json"]
+    if how == "option":
+        env.pop("VERL_BASE")
+        args = ["--base", "0.6.0", *args]
+    elif how == "option=":
+        env.pop("VERL_BASE")
+        args = ["--base=0.6.0", *args]
+    plan = dry_run_plan(run_launcher(LAUNCHERS[0], args, env))
+    assert plan["verl"]["base"]["version"] == "0.6.0" and plan["verl"]["version"] == "0.6.0"
+
+
+def test_an_unknown_base_is_refused_in_one_line(tmp_path, verl_tree):
+    proc = run_launcher(LAUNCHERS[0], ["--dry-run", "--base", "9.9.9"], launcher_env(tmp_path, verl_tree))
+    bases = ", ".join(manifest.load_recipe("qwen2_5").bases)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"preflight: error: recipe qwen2_5 has no verl base 9.9.9; its bases: {bases} "
+        f"(default {manifest.load_recipe('qwen2_5').default})"
+    )
+    missing = run_launcher(LAUNCHERS[0], ["--dry-run", "--base"], launcher_env(tmp_path, verl_tree))
+    assert missing.returncode == 2 and "--base needs a version" in missing.stderr
+
+
+def test_a_tree_of_another_base_is_refused_naming_it(tmp_path, verl_tree):
+    # the 0.6.0 tree launched as another base: the refusal says what the tree is
+    others = [b for b in manifest.load_recipe("qwen2_5").bases if b != "0.6.0"]
+    if not others:
+        pytest.skip("the Qwen recipe has one base")
+    env = launcher_env(tmp_path, verl_tree, VERL_BASE=others[0])
+    proc = run_launcher(LAUNCHERS[0], ["--dry-run"], env)
+    assert proc.returncode == 1
+    assert "a base of qwen2_5" in proc.stderr and "--base 0.6.0" in proc.stderr
