@@ -38,8 +38,8 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="session")
 def e2e_run(e2e_python, tmp_path_factory):
-    """sync, async and resume runs through the Qwen launcher's CPU profile and the deepseek run through the
-    DeepSeek launcher's, as `make e2e` does them."""
+    """sync, async and resume runs (verl 0.6.0) and v071, v071-resume (verl 0.7.1) through the Qwen launcher's
+    CPU profile and the deepseek run through the DeepSeek launcher's, as `make e2e` does them."""
     out = tmp_path_factory.mktemp("e2e") / "e2e_out"
     proc, summary = _e2e(e2e_python, out)
     return proc, summary, out
@@ -55,13 +55,29 @@ def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_run):
     assert runs["resume"]["resumed_from_step"] == 2
     assert runs["resume"]["steps_done"] == [3]
     assert (out / "sync" / "ckpt" / "e2e_sync" / "global_step_2" / "actor").is_dir()
-    for name in ("sync", "async", "resume"):
+    for name in ("sync", "async", "resume", "v071", "v071-resume"):
         rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == runs[name]["steps_done"], f"{name}: verl's file logger"
         assert all("critic/score/mean" in r["data"] for r in rows), f"{name}: no reward logged"
 
 
-@pytest.mark.parametrize("run", ["sync", "async", "resume", "deepseek"])
+def test_the_0_7_1_base_trains_and_resumes_through_its_server_mode_rollout(e2e_run):
+    """verl 0.7.1 (VERL_BASE=0.7.1): 3 steps through the launcher, its async vLLM server and shared-memory
+    weight buckets; the resume continues from that run's step-2 checkpoint."""
+    proc, summary, out = e2e_run
+    assert summary, _tail(proc)
+    runs = summary["runs"]
+    assert runs["v071"]["base"] == runs["v071-resume"]["base"] == "0.7.1"
+    assert runs["sync"]["base"] == "0.6.0"
+    assert runs["v071"]["steps_done"] == [1, 2, 3]
+    assert runs["v071-resume"]["resumed_from_step"] == 2 and runs["v071-resume"]["steps_done"] == [3]
+    assert (out / "v071" / "ckpt" / "e2e_v071" / "global_step_2" / "actor").is_dir()
+    log = (out / "v071" / "launcher.log").read_text(errors="replace")
+    assert "verl-0.7.1-cpu" in log, "the run did not use the 0.7.1 CPU tree"
+    assert all(c["ok"] for c in summary["checks"] if c["run"].startswith("v071")), summary["checks"]
+
+
+@pytest.mark.parametrize("run", ["sync", "async", "resume", "v071", "v071-resume", "deepseek"])
 def test_vllm_samples_from_the_updated_weights(e2e_run, run):
     """At the last step the policy has moved (stale gap >= 0.01) and vLLM's gap is a fifth of that or less."""
     proc, summary, _ = e2e_run
@@ -96,7 +112,7 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e
     assert all(c["ok"] for c in summary["checks"] if c["run"] == "deepseek"), summary["checks"]
 
 
-@pytest.mark.parametrize("run", ["sync", "deepseek"])
+@pytest.mark.parametrize("run", ["sync", "v071", "deepseek"])
 def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, e2e_run, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout, the same check fails."""
     out = tmp_path / "e2e_nosync"
