@@ -76,6 +76,7 @@ COLUMNS = {
     "hardware": "needs hardware",
     "upstream": "upstream",
     "retire": "retire when",
+    "bases": "verl bases",
 }
 DEFAULT_COLUMNS = ("id", "what", "verified", "hardware", "upstream", "retire")
 
@@ -588,6 +589,7 @@ def _column(key: str, header: Header, readme: Path) -> str:
         "hardware": lambda: header.get("Needs-Hardware"),
         "upstream": lambda: _upstream(header),
         "retire": lambda: header.get("Retire-When"),
+        "bases": lambda: header.get("Bases"),
     }[key]()
 
 

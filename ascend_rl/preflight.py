@@ -177,7 +177,11 @@ def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: boo
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
         if resolve:
-            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+            if missing := missing_values(cfg):
+                raise PreflightError(
+                    f"the config leaves {missing[0]} without a value (???); set it ({missing[0]}=...)"
+                )
     except (HydraException, OmegaConfBaseException) as exc:
         cause = f" ({_one_line(exc.__cause__)})" if exc.__cause__ else ""
         raise PreflightError(
@@ -187,6 +191,25 @@ def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: boo
     finally:
         GlobalHydra.instance().clear()
     return cfg
+
+
+def missing_values(cfg, prefix: str = "") -> list[str]:
+    """Mandatory values (???) left unset, except in a section switched off by its own `enable: False` (verl
+    0.7.1's reward.reward_model.rollout.name, say, which verl reads only with the reward model enabled)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig) and cfg.get("enable", None) is False:
+        return []
+    found = []
+    for key in cfg.keys() if isinstance(cfg, DictConfig) else []:
+        name = f"{prefix}{key}"
+        if OmegaConf.is_missing(cfg, key):
+            found.append(name)
+            continue
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig):
+            found += missing_values(child, f"{name}.")
+    return found
 
 
 def _kind(value) -> str | None:

@@ -37,7 +37,7 @@ CPU_OVERRIDES=(
   actor_rollout_ref.ref.strategy=fsdp2
   # flash-attn's varlen path (remove padding) does not exist on CPU.
   actor_rollout_ref.model.use_remove_padding=False
-  # The sizes that shrink: batch 2 prompts x 4 samples, 32-token answers.
+  # The sizes that shrink: batch 2 prompts x 4 samples, 64-token answers.
   data.train_batch_size=2
   data.max_prompt_length=192
   data.max_response_length=64
@@ -62,3 +62,17 @@ CPU_OVERRIDES=(
   trainer.save_freq=-1
   'trainer.logger=[console,file]'
 )
+
+# What verl 0.7.1 (VERL_BASE=0.7.1: its server-mode rollout) needs on top on CPU. vLLM's CPU platform has no
+# sleep mode, and 0.7.1's rollout config has no enable_sleep_mode key to turn it off (hence the +); the model's
+# default attention (flash-attn) does not exist on CPU; one reward-loop worker instead of 8, each ~1 GiB.
+if [ "${VERL_BASE:-}" = 0.7.1 ]; then
+  CPU_OVERRIDES+=(
+    +actor_rollout_ref.rollout.enable_sleep_mode=False
+    +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+    reward.num_workers=1
+  )
+  # One idle Ray worker fewer (~0.7 GiB): the run's peak stays under 10 GiB on this profile.
+  export RAY_num_workers_soft_limit="${RAY_num_workers_soft_limit:-1}"
+  LAUNCH_ENV+=(RAY_num_workers_soft_limit)
+fi
