@@ -48,7 +48,8 @@ class ImportRef:
     module: str
     name: str | None  # None for `import module`
     alias: str | None
-    guard: str  # "" when unguarded, else "try/except" or "version check"
+    guard: str  # "" when unguarded, else "try/except", "version check" or "except fallback"
+    try_line: int = 0  # the `try:` this import sits in (its body or an except handler), 0 outside one
 
     def statement(self) -> str:
         """The import as it reads in source (one name)."""
@@ -331,29 +332,42 @@ def find_imports(source: str, path: str) -> list[ImportRef]:
     tree = ast.parse(source, filename=path)
     refs: list[ImportRef] = []
 
-    def visit(node: ast.AST, guarded: str) -> None:
+    def visit(node: ast.AST, guarded: str, try_line: int = 0) -> None:
         if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
             catches = set().union(*(_handler_names(h) for h in node.handlers)) if node.handlers else set()
-            body_guard = guarded or ("try/except" if catches & FALLBACK_EXCEPTIONS else "")
+            fallback = bool(catches & FALLBACK_EXCEPTIONS)
+            body_guard = guarded or ("try/except" if fallback else "")
             for child in node.body:
-                visit(child, body_guard)
-            for child in [*node.handlers, *node.orelse, *node.finalbody]:
-                visit(child, guarded)
+                visit(child, body_guard, node.lineno if fallback else try_line)
+            # an except handler's import runs only when the body's failed: check_file decides
+            for child in node.handlers:
+                visit(
+                    child,
+                    guarded or ("except fallback" if fallback else ""),
+                    node.lineno if fallback else try_line,
+                )
+            for child in [*node.orelse, *node.finalbody]:
+                visit(child, guarded, try_line)
             return
         if isinstance(node, ast.If) and _is_version_test(node.test):
             for child in [*node.body, *node.orelse]:
-                visit(child, guarded or "version check")
+                visit(child, guarded or "version check", try_line)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if _is_checked(alias.name):
-                    refs.append(ImportRef(path, node.lineno, alias.name, None, alias.asname, guarded))
+                    refs.append(
+                        ImportRef(path, node.lineno, alias.name, None, alias.asname, guarded, try_line)
+                    )
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             if _is_checked(node.module):
                 for alias in node.names:
-                    refs.append(ImportRef(path, node.lineno, node.module, alias.name, alias.asname, guarded))
+                    ref = ImportRef(
+                        path, node.lineno, node.module, alias.name, alias.asname, guarded, try_line
+                    )
+                    refs.append(ref)
         for child in ast.iter_child_nodes(node):
-            visit(child, guarded)
+            visit(child, guarded, try_line)
 
     visit(tree, "")
     return refs
@@ -390,12 +404,21 @@ def check_file(index: WheelIndex, source: str, path: str, report: Report) -> Non
     """Resolve one file's imports and enum member uses, adding findings to `report`."""
     refs = find_imports(source, path)
     enums: dict[str, tuple[str, ast.ClassDef]] = {}
-    for ref in refs:
+    results = [(ref, _resolve_ref(index, ref, enums)) for ref in refs]
+    # a `try:` whose body's imports all resolve never runs its except handler's fallback import
+    body_fails: dict[int, bool] = {}
+    for ref, why in results:
+        if ref.try_line and ref.guard != "except fallback":
+            body_fails[ref.try_line] = body_fails.get(ref.try_line, False) or why is not None
+    for ref, why in results:
         report.checked += 1
-        why = _resolve_ref(index, ref, enums)
-        if why is not None:
-            finding = Finding(ref.path, ref.line, ref.statement(), why, ref.guard)
-            (report.guarded if ref.guard else report.unresolved).append(finding)
+        if why is None:
+            continue
+        guard = ref.guard
+        if guard == "except fallback" and body_fails.get(ref.try_line, True):
+            guard = ""  # the body fails too (or imports nothing checked): the fallback is what runs
+        finding = Finding(ref.path, ref.line, ref.statement(), why, guard)
+        (report.guarded if guard else report.unresolved).append(finding)
     if not enums:
         return
     for node in ast.walk(ast.parse(source, filename=path)):

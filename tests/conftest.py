@@ -72,6 +72,35 @@ def pristine_verl(_pristine_verl_master) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pristine_base(tmp_path_factory):
+    """pristine_base(version) -> the unpacked pristine sdist of that verl base, shared: read it, never write."""
+    from ascend_rl import patchdoc
+
+    trees: dict[str, Path] = {}
+
+    def get(base: str) -> Path:
+        if base not in trees:
+            sdist = _get(f"verl {base} sdist", artifacts.verl_sdist, base, patchdoc.all_bases()[base])
+            dest = tmp_path_factory.mktemp(f"verl-{base}") / f"verl-{base}"
+            trees[base] = artifacts.unpack_sdist(sdist, dest)
+        return trees[base]
+
+    return get
+
+
+@pytest.fixture
+def base_tree(tmp_path, pristine_base):
+    """base_tree(version) -> a fresh, writable copy of that base's pristine tree (contains verl/)."""
+
+    def make(base: str) -> Path:
+        dest = tmp_path / f"verl-tree-{base}"
+        shutil.copytree(pristine_base(base), dest, symlinks=True)
+        return dest
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def patched_verl(tmp_path_factory, _pristine_verl_master):
     """patched_verl(recipe) -> a copy of verl 0.6.0 with the recipe's series applied, shared: read it, never write."""
     from ascend_rl import overlay

@@ -1,4 +1,4 @@
-"""Every recipe's real patch series on the real verl 0.6.0 sdist: applies, re-applies as a no-op,
+"""Every recipe's real patch series on each of its verl bases' real sdist: applies, re-applies as a no-op,
 compiles, reverts byte-identically; every patch is documented and none is orphaned."""
 
 from __future__ import annotations
@@ -8,16 +8,23 @@ import py_compile
 import pytest
 from test_overlay import tree_hash
 
-from ascend_rl import overlay, patchdoc
+from ascend_rl import manifest, overlay, patchdoc
 
 RECIPES = overlay.recipe_names()
-# Every series the repository applies: each recipe's, and the CPU overlay on top of each (Qwen's is
-# what tests, make e2e and the launcher's CPU profile use; DeepSeek's is the base of its CPU path).
-SERIES = [(name, None) for name in RECIPES] + [(name, "cpu") for name in RECIPES]
+# Every series the repository applies: each recipe's on each of its bases, and the CPU overlay on top of
+# each where the overlay has that base (what tests, make e2e and the launchers' CPU profiles use).
+SERIES = [
+    (name, base, extra)
+    for name in RECIPES
+    for base in overlay.load_recipe(name).bases
+    for extra in (None, "cpu")
+    if extra is None or base in manifest.overlay_series(manifest.overlay_manifests()[extra])
+]
+IDS = [f"{n}@{b}" + (f"+{e}" if e else "") for n, b, e in SERIES]
 
 
-def _series(name: str, with_overlay: str | None):
-    recipe = overlay.load_recipe(name)
+def _series(name: str, base: str, with_overlay: str | None):
+    recipe = overlay.load_recipe(name, base)
     return overlay.with_overlay(recipe, with_overlay) if with_overlay else recipe
 
 
@@ -25,36 +32,48 @@ def test_both_recipes_have_manifests():
     assert {"qwen2_5", "deepseek_r1"} <= set(RECIPES)
 
 
+PINS = {
+    "0.6.0": (
+        "v0.6.0",
+        "ddd86f527a4af75095e4677b02b5aa272913a088",
+        "806ec5212f42c6a39143754ce86d2df28ab1373762d35846ca7b022bcb7b1402",
+    ),
+    "0.7.1": ("v0.7.1", "", "0c208c03d5dc48f8262192355f403d74dae6574daebe68f2c4d28f021c4248d0"),
+}
+
+
 @pytest.mark.parametrize("name", RECIPES)
-def test_manifest_pins_verl_060(name):
-    recipe = overlay.load_recipe(name)
-    assert (recipe.project, recipe.version, recipe.tag) == ("verl", "0.6.0", "v0.6.0")
-    assert recipe.commit == "ddd86f527a4af75095e4677b02b5aa272913a088"
-    assert recipe.sdist_sha256 == "806ec5212f42c6a39143754ce86d2df28ab1373762d35846ca7b022bcb7b1402"
-    assert recipe.series, f"{name} has an empty patch series"
+def test_manifest_pins_each_base(name):
+    for recipe in manifest.recipe_bases(name):
+        assert recipe.project == "verl" and recipe.version in PINS
+        assert (recipe.tag, recipe.commit, recipe.sdist_sha256) == PINS[recipe.version]
+        assert recipe.sdist == f"verl-{recipe.version}.tar.gz"
+        assert recipe.series, f"{name} has an empty patch series on {recipe.version}"
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_patch_has_a_header_and_a_table_row(name, repo_root):
-    recipe = overlay.load_recipe(name)
-    readme = (recipe.folder / "README.md").read_text()
-    shared = (repo_root / "patches" / "README.md").read_text()
-    for path in recipe.series:
-        assert patchdoc.check_header(patchdoc.read_header(path)) == []
-        table = shared if path.is_relative_to(repo_root / "patches") else readme
-        assert path.name in table or path.stem in table, f"{path.name} has no row in its patch table"
-        assert path.name in readme or path.stem in readme, f"{path.name} missing from {name}/README.md"
+    for recipe in manifest.recipe_bases(name):
+        readme = (recipe.folder / "README.md").read_text()
+        shared = (repo_root / "patches" / "README.md").read_text()
+        for path in recipe.series:
+            assert patchdoc.check_header(patchdoc.read_header(path)) == []
+            assert recipe.version in patchdoc.header_bases(patchdoc.read_header(path))
+            table = shared if path.is_relative_to(repo_root / "patches") else readme
+            assert path.name in table or path.stem in table, f"{path.name} has no row in its patch table"
+            assert path.name in readme or path.stem in readme, f"{path.name} missing from {name}/README.md"
 
 
 def test_no_orphan_patches(repo_root):
-    listed = {p for name, extra in SERIES for p in _series(name, extra).series}
+    listed = {p for name, base, extra in SERIES for p in _series(name, base, extra).series}
     on_disk = set(repo_root.glob("patches/**/*.patch")) | set(repo_root.glob("llm_rl/*/patches/*.patch"))
     assert on_disk - listed == set(), "patch files no series uses"
 
 
-@pytest.mark.parametrize("name,extra", SERIES, ids=[f"{n}+{e}" if e else n for n, e in SERIES])
-def test_series_round_trip_on_the_sdist(name, extra, verl_tree, pristine_verl):
-    recipe = _series(name, extra)
+@pytest.mark.parametrize("name,base,extra", SERIES, ids=IDS)
+def test_series_round_trip_on_the_sdist(name, base, extra, base_tree, pristine_base):
+    recipe = _series(name, base, extra)
+    verl_tree = base_tree(base)
     pristine = tree_hash(verl_tree)
     assert [s.state for s in overlay.series_status(recipe, verl_tree)] == ["applicable"] * len(recipe.series)
 
@@ -76,7 +95,7 @@ def test_series_round_trip_on_the_sdist(name, extra, verl_tree, pristine_verl):
     assert tree_hash(verl_tree) == patched, "a second apply must change nothing"
 
     overlay.revert_series(recipe, verl_tree)
-    assert tree_hash(verl_tree) == tree_hash(pristine_verl) == pristine
+    assert tree_hash(verl_tree) == tree_hash(pristine_base(base)) == pristine
 
 
 def test_cpu_overlay_patches_are_documented_and_never_in_a_recipe(repo_root):
@@ -88,4 +107,5 @@ def test_cpu_overlay_patches_are_documented_and_never_in_a_recipe(repo_root):
         assert patchdoc.check_header(patchdoc.read_header(path)) == []
         assert path.name in table, f"{path.name} has no row in patches/cpu/README.md"
     for name in RECIPES:
-        assert not set(own) & set(overlay.load_recipe(name).series), f"{name} lists a CPU-only patch"
+        for recipe in manifest.recipe_bases(name):
+            assert not set(own) & set(recipe.series), f"{name} lists a CPU-only patch on {recipe.version}"

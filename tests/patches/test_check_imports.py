@@ -67,7 +67,7 @@ def test_unpatched_tree_has_exactly_the_six_broken_imports(pristine_verl: Path, 
 
 @pytest.mark.parametrize("recipe_name", ["qwen2_5", "deepseek_r1"])
 def test_series_leaves_no_broken_import(recipe_name: str, repo_root: Path, verl_tree: Path, wheels) -> None:
-    recipe = overlay.load_recipe(recipe_name)
+    recipe = overlay.load_recipe(recipe_name, "0.6.0")
     overlay.apply_series(recipe, verl_tree)
     report = check_imports.scan_tree(verl_tree, wheels)
     assert [str(f) for f in report.unresolved] == []
@@ -129,6 +129,21 @@ def test_guards_are_recognised() -> None:
         "from vllm.old import B": "version check",
         "from vllm.npu import C": "",
     }
+
+
+def test_an_except_fallback_counts_only_when_its_try_body_fails(index) -> None:
+    # verl 0.7.1's verl/utils/vllm/utils.py: the new path first, the old one in the handler
+    good = "try:\n    from vllm.lora.lora_model import LoRAModel\nexcept ImportError:\n    from vllm.lora.models import LoRAModel\n"
+    report = check_imports.Report()
+    check_imports.check_file(index, good, "ok.py", report)
+    assert report.unresolved == [] and [f.what for f in report.guarded] == [
+        "from vllm.lora.models import LoRAModel"
+    ]
+    # both paths gone: the fallback is what runs, and it is broken
+    bad = "try:\n    from vllm.lora.gone import X\nexcept ImportError:\n    from vllm.lora.models import LoRAModel\n"
+    report = check_imports.Report()
+    check_imports.check_file(index, bad, "bad.py", report)
+    assert [f.what for f in report.unresolved] == ["from vllm.lora.models import LoRAModel"]
 
 
 def test_cli_lists_each_broken_import_and_exits_1(pristine_verl: Path, wheels, capsys) -> None:
