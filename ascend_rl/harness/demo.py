@@ -30,7 +30,6 @@ from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
 from ascend_rl.paths import REPO, child_env
 
-VERL_CPU = paths.verl_tree("qwen2_5", "cpu")
 RUN = "train"
 PREFIX = "demo"
 EXIT_OK, EXIT_FAIL = 0, 1
@@ -76,8 +75,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=int, default=900, help="seconds one stage may take (default: %(default)s)"
     )
+    parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="the verl base to run on (VERL_BASE for the launcher; default: the recipe's default_base)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the launcher command, run nothing")
     args = parser.parse_args(argv)
+    from ascend_rl import manifest
+    from ascend_rl.errors import OverlayError
+
+    try:
+        args.base = manifest.load_recipe("qwen2_5", args.base).version
+    except OverlayError as exc:
+        parser.error(str(exc))
     for name in ("steps", "prompts", "n", "heldout"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -168,7 +179,7 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
         "--max-tokens",
         str(MAX_TOKENS),
         "--verl-dir",
-        str(VERL_CPU),
+        str(paths.verl_tree("qwen2_5", "cpu", args.base)),
         "--merged-dir",
         str(args.out / "model_after"),
     ]
@@ -271,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out = args.out.resolve()
     if args.dry_run:
-        print(f"{PREFIX}: bash {QWEN_LAUNCHER.relative_to(REPO)} --cpu {' '.join(train_overrides(args))}")
+        launcher = QWEN_LAUNCHER.relative_to(REPO)
+        print(f"{PREFIX}: VERL_BASE={args.base} bash {launcher} --cpu {' '.join(train_overrides(args))}")
         return EXIT_OK
     timings: dict[str, float] = {}
     try:
@@ -294,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             data_dir,
             timeout_s=args.timeout,
             prefix=PREFIX,
+            base=args.base,
         )
         timings["train"] = result.wall_s
         ckpt = args.out / RUN / "ckpt" / f"{PREFIX}_{RUN}" / f"global_step_{args.steps}"
