@@ -126,13 +126,16 @@ def diagnose(
                 else:
                     conflict.append((fp.path, hunk, index, lines[at_old : at_old + len(hunk.old)]))
     if not own_base and (upstream or carries(patch, get)):
-        why = f" ({upstream})" if upstream else ""
+        why = (
+            f"this tree's verl does not need it ({upstream})"
+            if upstream
+            else "every line it adds is already in the tree"
+        )
         return Diagnosis(
             CARRIED,
             ", ".join(fp.path for fp in patch.files),
             [],
-            f"the tree already carries this fix{why}: use the series of the base this tree is "
-            f"(`overlay status --base VERSION`), not this one",
+            f"{why}: use the series of the base this tree is (`overlay status --base VERSION`), not this one",
         )
     if own_base and edited and not conflict:
         path, hunk, index, found = edited[0]

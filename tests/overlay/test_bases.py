@@ -152,7 +152,7 @@ def test_a_fix_another_tree_already_has_is_carried_not_conflicting(verl_tree: Pa
     proc = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree, "--force")
     row = next(ln for ln in proc.stdout.splitlines() if "shared-0007" in ln)
     assert row.split()[0] == "carried", proc.stdout
-    assert "already carried: " in proc.stdout and "the tree already carries this fix" in proc.stdout
+    assert "already carried: " in proc.stdout and "every line it adds is already in the tree" in proc.stdout
 
 
 def test_a_pip_installed_tree_is_told_that_reinstalling_drops_the_patches(verl_tree: Path) -> None:
@@ -182,3 +182,37 @@ def test_each_dockerfile_builds_the_recipes_default_base_on_its_image() -> None:
         assert spec.image and args["BASE_IMAGE"] == spec.image, f"Dockerfile.{name}: {args['BASE_IMAGE']}"
         for other in manifest.recipe_bases(name):
             assert other.image and other.image_source, f"{name} base {other.version} names no image"
+
+
+def test_the_known_trees_file_is_current() -> None:
+    from ascend_rl import artifacts, patchdoc
+
+    try:
+        sdists = patchdoc.base_sdists()
+    except artifacts.DownloadError as exc:
+        pytest.skip(f"a base's sdist cannot be fetched: {exc}")
+    want, missing = patchdoc.expected_trees(sdists)
+    if missing:
+        pytest.skip("; ".join(missing))
+    assert trees.TREES_FILE.read_text(encoding="utf-8") == want, (
+        "run: python -m ascend_rl patchdoc write --trees"
+    )
+
+
+def test_a_0_7_1_tree_given_to_the_0_6_0_series_is_named_and_what_it_already_carries(pristine_base) -> None:
+    tree = pristine_base("0.7.1")
+    proc = cli("status", "qwen2_5", "--base", "0.6.0", "--target", tree)
+    assert proc.returncode == 1
+    assert "is verl 0.7.1 (the PyPI sdist verl-0.7.1.tar.gz), a base of qwen2_5" in proc.stderr
+    assert "pass --base 0.7.1" in proc.stderr
+    forced = cli("status", "qwen2_5", "--base", "0.6.0", "--target", tree, "--force")
+    rows = {
+        ln.split()[1]: ln.split()[0]
+        for ln in forced.stdout.splitlines()
+        if ln.split()[1:2] and ln.split()[1].startswith("shared-")
+    }
+    # the fixes 0.7.1 took are named with the evidence the 0.7.1 base records
+    assert rows["shared-0006"] == "carried" and "verl PR 4248" in forced.stdout
+    assert rows["shared-0007"] == "carried" and "verl PR 4811" in forced.stdout
+    status = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
+    assert status.returncode == 0 and status.stdout.count("applicable") == 3, status.stdout
