@@ -11,7 +11,7 @@
 VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-cpu}"
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
-PREFLIGHT_PROFILE=(--with cpu --cpu)
+PREFLIGHT_PROFILE=(--with cpu --cpu --made-by 'make e2e')
 
 # vLLM's CPU build reserves ~12 GiB of KV cache by default; the tiny model needs far less.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
@@ -37,7 +37,7 @@ CPU_OVERRIDES=(
   actor_rollout_ref.ref.strategy=fsdp2
   # flash-attn's varlen path (remove padding) does not exist on CPU.
   actor_rollout_ref.model.use_remove_padding=False
-  # The sizes that shrink: batch 2 prompts x 4 samples, 32-token answers.
+  # The sizes that shrink: batch 2 prompts x 4 samples, 64-token answers.
   data.train_batch_size=2
   data.max_prompt_length=192
   data.max_response_length=64
