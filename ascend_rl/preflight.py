@@ -207,7 +207,9 @@ def plan_tree(recipe: str, verl_dir: Path, overlay: str | None, scratch: Path) -
                     verl_dir / "verl", view / "verl", ignore=shutil.ignore_patterns("__pycache__")
                 )
                 ov.apply_series(spec, view, log=quiet)
-                which = f"the {len(todo)}" if len(todo) == len(states) else f"{len(todo)} of the {len(states)}"
+                which = (
+                    f"the {len(todo)}" if len(todo) == len(states) else f"{len(todo)} of the {len(states)}"
+                )
                 change = f"apply {which} patches of {named} to {verl_dir}" + (
                     f": {', '.join(todo)}" if len(todo) < len(states) else ""
                 )

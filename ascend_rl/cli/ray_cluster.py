@@ -42,7 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     role = start.add_mutually_exclusive_group(required=True)
     role.add_argument("--head", action="store_true", help="start the head node")
     role.add_argument("--worker", metavar="HEAD_IP[:PORT]", help="join the head at this address")
-    start.add_argument("--nodes", type=_nodes, default=1, help="on the head: wait until this many nodes joined")
+    start.add_argument(
+        "--nodes", type=_nodes, default=1, help="on the head: wait until this many nodes joined"
+    )
     start.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the nodes (head)")
     start.add_argument("--npus", type=int, default=16, help="NPU resources of this node (A3: 16 dies)")
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help="Ray GCS port on the head")
