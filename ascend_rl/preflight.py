@@ -497,7 +497,8 @@ def check_model(cfg, made_by: str | None = None) -> Check:
     if not isinstance(parsed, dict):
         why = _one_line(parsed) if isinstance(parsed, Exception) else f"a JSON {type(parsed).__name__}"
         how = f"build it again ({made_by})" if made_by else "download the model again"
-        return Check("model", "FAIL", f"{config} is not a JSON object ({why}); {how}, or set MODEL_DIR")
+        # Not a machine check: the folder is here and broken, so a dry run fails too.
+        return Check("model file", "FAIL", f"{config} is not a JSON object ({why}); {how}, or set MODEL_DIR")
     return Check("model", "ok", f"{path} ({parsed.get('model_type', 'no model_type')})")
 
 
@@ -513,7 +514,7 @@ def check_data(cfg, made_by: str | None = None) -> Check:
             "data",
             "FAIL",
             f"{', '.join(missing)} not found; "
-            + (f"{made_by} builds it" if made_by else "prepare the data set (see the recipe README)")
+            + (f"{made_by} builds them there" if made_by else "prepare the data set (see the recipe README)")
             + ", or set DATA_DIR",
         )
     batch = OmegaConf.select(cfg, "data.train_batch_size")
