@@ -409,12 +409,12 @@ def check_verl_config(cfg, verl_dir: Path, python: str | None = None) -> Check:
     return Check("validate", "ok", "verl's validate_config passes (verl/utils/config.py)")
 
 
-def check_nodes(cfg, nnodes: int) -> Check:
+def check_nodes(cfg, nnodes: str) -> Check:
     """trainer.nnodes is the node count the launcher starts and waits for (NNODES): one number, not two."""
     from omegaconf import OmegaConf
 
     value = OmegaConf.select(cfg, "trainer.nnodes")
-    if value != nnodes:
+    if str(value) != str(nnodes).strip():
         return Check(
             "nodes",
             "FAIL",
