@@ -268,9 +268,10 @@ def test_the_deepseek_cpu_plan_shows_the_cpu_command(tmp_path, verl_tree):
 def test_errors_follow_the_report_when_both_go_to_one_file(tmp_path, verl_tree):
     log = tmp_path / "out.txt"
     env = launcher_env(tmp_path, verl_tree)
+    env.pop("PYTHONUNBUFFERED", None)  # a file gets block-buffered stdout, as a user's `> log 2>&1` does
     with open(log, "w") as fh:
         proc = subprocess.run(
-            ["bash", str(QWEN), "--dry-run", "data.train_batch_size=-4"],
+            ["bash", str(QWEN), "--dry-run", "custom_reward_function.name=compute_scor"],
             stdout=fh,
             stderr=fh,
             env=env,
