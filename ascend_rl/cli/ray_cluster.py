@@ -22,6 +22,17 @@ from ascend_rl.ray_cluster import (
 )
 
 
+def _nodes(text: str) -> int:
+    """A node count: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a node count (1 or more), not {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line interface."""
     parser = argparse.ArgumentParser(description=_library.__doc__.splitlines()[0])
@@ -31,7 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     role = start.add_mutually_exclusive_group(required=True)
     role.add_argument("--head", action="store_true", help="start the head node")
     role.add_argument("--worker", metavar="HEAD_IP[:PORT]", help="join the head at this address")
-    start.add_argument("--nodes", type=int, default=1, help="on the head: wait until this many nodes joined")
+    start.add_argument(
+        "--nodes", type=_nodes, default=1, help="on the head: wait until this many nodes joined"
+    )
     start.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the nodes (head)")
     start.add_argument("--npus", type=int, default=16, help="NPU resources of this node (A3: 16 dies)")
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help="Ray GCS port on the head")
@@ -41,12 +54,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
 
     wait = sub.add_parser("wait", help="wait until the Ray cluster has N alive nodes")
-    wait.add_argument("--nodes", type=int, required=True)
+    wait.add_argument("--nodes", type=_nodes, required=True)
     wait.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     wait.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
 
     plan = sub.add_parser("plan", help="print the node-by-node launch commands")
-    plan.add_argument("--nodes", type=int, required=True)
+    where = plan.add_mutually_exclusive_group(required=True)
+    where.add_argument("--nodes", type=_nodes, help="the cluster's node count")
+    where.add_argument(
+        "--local", action="store_true", help="one machine, no ray_start.sh (the job starts its own Ray)"
+    )
     plan.add_argument("--head-ip", default="<head-ip>")
     plan.add_argument("--port", type=int, default=DEFAULT_PORT)
     plan.add_argument("--timeout", type=int, default=1800)
@@ -85,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             return _start(args)
         if args.verb == "wait":
             wait_for_nodes(ray_alive_counter(args.address), args.nodes, args.timeout)
+            return 0
+        if args.local:
+            print(f"this machine (no ray_start.sh: the job starts its own Ray):  {shlex.join(args.job)}")
             return 0
         for line in node_plan(args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port):
             print(line)

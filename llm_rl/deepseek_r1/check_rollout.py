@@ -7,8 +7,8 @@ With the e2e environment's Python (vLLM 0.13.0's CPU build; scripts/setup_e2e.sh
 
 What it does, in one process on a gloo group of one:
 1. a tiny DeepSeek-V3 checkpoint (ascend_rl/harness/tiny_deepseek.py); verl 0.6.0 from the pinned sdist;
-2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run`, which applies the
-   DeepSeek series to that tree itself and composes them against its ppo_megatron_trainer; then the few that
+2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run` on a tree with the
+   DeepSeek series applied (a dry run writes nothing; it composes them against its ppo_megatron_trainer); then the few that
    one CPU process needs (CPU_OVERRIDES below, each with its reason), composed against the same tree. Nothing
    of the CPU overlay (patches/cpu/) is needed on this path; `--with cpu` builds from the series + overlay;
 3. verl's vLLMRollout built from that config as the Megatron worker builds it (chunked prefill,
@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | None, Path]:
-    """Pristine verl trees: (the launcher's, which its dry run patches with the DeepSeek series itself; with
+    """verl trees from the sdist: (the launcher's, with the DeepSeek series as a real launch applies it; with
     `with_overlay`, the series plus that overlay, else None; the series without the token-budget patch)."""
     from ascend_rl import artifacts, overlay
 
@@ -120,7 +120,7 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
     )
     if len(without_budget.series) != len(recipe.series) - 1:
         raise CheckError(f"no single patch of the DeepSeek series adds {BUDGET_MODULE}; update BUDGET_MODULE")
-    wanted = [("launcher", recipe, False), ("without-token-budget", without_budget, True)]
+    wanted = [("launcher", recipe, True), ("without-token-budget", without_budget, True)]
     if with_overlay:
         wanted.append((f"with-{with_overlay}", overlay.with_overlay(recipe, with_overlay), True))
     trees = {}
@@ -434,7 +434,7 @@ def run(args: argparse.Namespace) -> dict:
     timings["trees_and_checkpoint_s"] = time.perf_counter() - start
 
     launcher = launcher_overrides(launcher_tree, model_dir, work)
-    # the tree the launcher patched for itself (the NPU launch's tree), or that series plus an overlay
+    # the launcher's tree (the NPU launch's, patched), or that series plus an overlay
     tree = overlay_tree or launcher_tree
     sys.path.insert(0, str(tree))
     overrides = [*launcher, *CPU_OVERRIDES]

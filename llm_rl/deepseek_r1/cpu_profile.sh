@@ -13,7 +13,7 @@ VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
 # what `python3 -m ascend_rl e2e --runs deepseek` (make e2e) makes: ascend_rl/harness/tiny_deepseek.py, the bundled problems
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
-PREFLIGHT_PROFILE=(--with cpu --cpu)
+PREFLIGHT_PROFILE=(--with cpu --cpu --made-by "make e2e E2E_ARGS='--runs deepseek'")
 # random-initialised weights (no Megatron checkpoint of the tiny model to load), as --variant random
 VARIANT=random
 NNODES=1

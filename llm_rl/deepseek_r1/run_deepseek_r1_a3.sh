@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY_RUN=(--dry-run); shift ;;
     --json) DRY_RUN=(--dry-run); JSON=(--json); shift ;;
     --cpu) PROFILE=cpu; shift ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -70,9 +70,11 @@ RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
 # Metrics backends as in the Qwen launcher: console + TensorBoard unless LOGGER says otherwise.
 LOGGER="${LOGGER:-console,tensorboard}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
+# verl's file logger (LOGGER=...,file) writes <project>/<run>.jsonl under this folder, not the working directory.
+export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
 # PYTHONPATH is set just before the trainer starts.
-LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR)
+LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT)
 TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -147,6 +149,7 @@ OVERRIDES=(
   trainer.val_before_train=False
   "trainer.logger=[$LOGGER]"
   +ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR="$TENSORBOARD_DIR"
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT="$VERL_FILE_LOGGER_ROOT"
   trainer.resume_mode=auto
   trainer.max_actor_ckpt_to_keep=1
   trainer.project_name=verl_grpo_deepseek_r1
@@ -178,15 +181,16 @@ OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
 cd "$REPO_DIR"
 "$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --base "$VERL_BASE" --config-name ppo_megatron_trainer \
-  --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" \
+  --verl-dir "$VERL_DIR" --nnodes "$NNODES" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" \
   "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   NODES_FD=1
   [ "${#JSON[@]}" -eq 0 ] || NODES_FD=2  # stdout holds the JSON plan alone
+  PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT")
+  [ "$PROFILE" != cpu ] || { PLAN=(--local); JOB=(--cpu); }  # one machine: main_ppo starts its own Ray
   {
-    echo "node-by-node:"
-    "$PYTHON" -m ascend_rl ray_cluster plan --nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}" \
-      -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --variant "$VARIANT" "${ARGS[@]}"
+    [ "$PROFILE" = cpu ] || echo "node-by-node:"
+    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
   } >&"$NODES_FD"
   exit 0
 fi

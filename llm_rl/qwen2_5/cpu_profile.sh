@@ -11,7 +11,7 @@
 VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
-PREFLIGHT_PROFILE=(--with cpu --cpu)
+PREFLIGHT_PROFILE=(--with cpu --cpu --made-by 'make e2e')
 
 # vLLM's CPU build reserves ~12 GiB of KV cache by default; the tiny model needs far less.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"

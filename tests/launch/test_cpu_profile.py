@@ -43,18 +43,24 @@ def test_cpu_profile_keeps_the_recipe_overrides_and_appends_its_own(tmp_path, ve
     assert exported_names(QWEN / "run_qwen2_5_1_5b.sh", QWEN / "cpu_profile.sh") <= set(plan["env"])
     assert plan["env"]["RAY_USE_UVLOOP"] == "0" and plan["env"]["OMP_NUM_THREADS"] == "1"
     assert plan["verl"]["overlay"] == "cpu"
-    # ... and patched the tree with the recipe's series plus the CPU overlay.
+    # ... and checked the recipe's series plus the CPU overlay, which a real launch applies (a dry run writes nothing).
     cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu")
-    assert {s.state for s in overlay.series_status(cpu, verl_tree)} == {"applied"}
+    assert {s.state for s in overlay.series_status(cpu, verl_tree)} == {"applicable"}
+    assert plan["changes"][0].startswith(
+        f"verl tree: apply the {len(cpu.series)} patches of qwen2_5 --with cpu"
+    )
 
 
 def test_npu_profile_never_applies_the_cpu_overlay(tmp_path, verl_tree):
     proc = _launch(tmp_path, verl_tree, "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert "trainer.device=cpu" not in dry_run_plan(proc)["argv"]
-    cpu = overlay.with_overlay(overlay.load_recipe("qwen2_5", "0.6.0"), "cpu")
-    states = {s.patch.source.parent.name: s.state for s in overlay.series_status(cpu, verl_tree)}
-    assert states == {"verl": "applied", "cpu": "applicable"}
+    plan = dry_run_plan(proc)
+    assert "trainer.device=cpu" not in plan["argv"]
+    recipe = overlay.load_recipe("qwen2_5", "0.6.0")
+    assert (
+        plan["changes"][0]
+        == f"verl tree: apply the {len(recipe.series)} patches of qwen2_5 (verl 0.6.0) to {verl_tree}"
+    )
 
 
 def test_unknown_profile_and_option_are_one_line_usage_errors(tmp_path, verl_tree):

@@ -119,9 +119,11 @@ def test_too_few_rows_for_one_batch_is_refused(tmp_path, verl_tree):
     line = _refused(_run(QWEN, ["--dry-run"], _env(tmp_path, verl_tree, DATA_DIR=str(data))))
     assert "240 training rows fill no batch of data.train_batch_size=256" in line
     assert "zero steps" in line
-    fits = _run(
-        QWEN, ["--dry-run", "data.train_batch_size=16"], _env(tmp_path, verl_tree, DATA_DIR=str(data))
-    )
+    smaller = [
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    ]  # verl: mini <= batch
+    fits = _run(QWEN, ["--dry-run", *smaller], _env(tmp_path, verl_tree, DATA_DIR=str(data)))
     assert fits.returncode == 0, fits.stderr
     assert "240 train rows = 15 steps/epoch at batch 16, 75 steps in 5 epochs" in fits.stdout
 
