@@ -122,6 +122,9 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
         # on a CPU without bf16 matrix units (this one: AVX2) a bf16 matmul of the update's shape took 14x as long
         # as in fp32, and update_actor was most of each step (11-17 s for 64 answers; 1.1-2.9 s in fp32).
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        # verl 0.7.1's actor autocasts to fsdp_config.dtype (bf16 by default) whatever mixed_precision says;
+        # fp32 there turns CPU autocast off (0.6.0 has no such key: cpu-0007 makes it follow mixed_precision)
+        *(["actor_rollout_ref.actor.fsdp_config.dtype=fp32"] if args.base != "0.6.0" else []),
         # The recipe warms the lr up over 10 steps, most of this short run.
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         f"trainer.save_freq={args.steps}",

@@ -53,3 +53,19 @@ def test_a_tree_of_another_base_is_refused_naming_it(tmp_path, verl_tree):
     proc = run_launcher(LAUNCHERS[0], ["--dry-run"], env)
     assert proc.returncode == 1
     assert "a base of qwen2_5" in proc.stderr and "--base 0.6.0" in proc.stderr
+
+
+def test_the_0_7_1_base_launches_its_server_mode_rollout_and_cpu_additions(tmp_path, base_tree):
+    tree = base_tree("0.7.1")
+    env = launcher_env(tmp_path, tree, VERL_BASE="0.7.1")
+    plan = dry_run_plan(run_launcher(LAUNCHERS[0], ["--cpu", "--dry-run", "--json"], env))
+    assert plan["verl"]["version"] == plan["verl"]["base"]["version"] == "0.7.1"
+    final = plan["overrides"]
+    assert final["actor_rollout_ref.rollout.mode"] == "async"
+    assert final["actor_rollout_ref.rollout.enable_sleep_mode"] == "False"
+    assert final["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert final["reward.num_workers"] == "1"
+    assert plan["env"]["RAY_num_workers_soft_limit"] == "1"
+    npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
+    assert npu["overrides"]["actor_rollout_ref.rollout.mode"] == "async"
+    assert "reward.num_workers" not in npu["overrides"] and "RAY_num_workers_soft_limit" not in npu["env"]

@@ -215,4 +215,5 @@ def test_a_0_7_1_tree_given_to_the_0_6_0_series_is_named_and_what_it_already_car
     assert rows["shared-0006"] == "carried" and "verl PR 4248" in forced.stdout
     assert rows["shared-0007"] == "carried" and "verl PR 4811" in forced.stdout
     status = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
-    assert status.returncode == 0 and status.stdout.count("applicable") == 3, status.stdout
+    n = len(manifest.load_recipe("qwen2_5", "0.7.1").series)
+    assert status.returncode == 0 and status.stdout.count("applicable") == n, status.stdout
