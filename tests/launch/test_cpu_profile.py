@@ -23,6 +23,7 @@ def _launch(tmp_path: Path, verl_tree: Path, *args: str, **env_extra: str) -> su
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(VERL_DIR=str(verl_tree), LOG_DIR=str(tmp_path / "run_log"), CKPT_DIR=str(tmp_path / "ckpt"))
+    env["VERL_BASE"] = "0.6.0"  # the fixture's tree
     env.update(env_extra)
     return subprocess.run(["bash", str(SINGLE), *args], capture_output=True, text=True, env=env, timeout=300)
 
