@@ -552,5 +552,6 @@ def revert_summary(recipe: Recipe, root: Path, states: list[PatchState], dry_run
 
 def _summary(verb, did, recipe, root, states, changed, dry_run) -> list[str]:
     dry = " (dry run: nothing written)" if dry_run else ""
+    did = f"would have {did}" if dry_run else did
     lines = [f"  {verb} {s.patch.name}" for s in changed]
     return lines + [f"{recipe.name}: {did} {len(changed)} of {len(states)} patches on {root}{dry}"]
