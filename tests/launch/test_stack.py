@@ -266,7 +266,7 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
         at(lambda c: c == f"git clone --quiet {url} {where}"),
         at(lambda c: c == f"git -C {where} checkout --quiet --detach {commit}"),
         at(lambda c: c.endswith(f"-c {CONSTRAINTS} -e {where}")),
-        at(lambda c: "--no-deps -e " in c and c.endswith("/verl")),
+        at(lambda c: "--no-deps -e " in c and c.endswith("/verl-0.6.0")),  # the tree of the base it fetched
         at(lambda c: c.endswith(f"check_stack --constraints {CONSTRAINTS} --recipe deepseek_r1")),
     ]
     assert order == sorted(order), cmds
