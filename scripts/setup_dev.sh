@@ -47,8 +47,10 @@ pip_install -r requirements-dev.txt -c "$cpu_pins"
 sdist=$("$PY" - <<'PY'
 import sys, tomllib
 from ascend_rl import artifacts
-pin = tomllib.load(open("llm_rl/qwen2_5/recipe.toml", "rb"))["upstream"]
-print(artifacts.verl_sdist(pin["version"], pin["sdist_sha256"]))
+# verl 0.6.0, whatever the recipe's default base: the in-process harness and the tests that import verl
+# from the environment (not from a patched tree on PYTHONPATH) are written against it
+pin = tomllib.load(open("llm_rl/qwen2_5/recipe.toml", "rb"))["bases"]["0.6.0"]
+print(artifacts.verl_sdist("0.6.0", pin["sdist_sha256"]))
 PY
 )
 echo "setup: installing verl from $(basename "$sdist") (--no-deps)"
