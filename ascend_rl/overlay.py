@@ -317,6 +317,26 @@ def inspect_tree(
     return states, pending
 
 
+def content_note(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> str | None:
+    """When the tree reads the base's version but, with the series peeled off, its files differ from that
+    release's (patches/trees.toml): a line saying how many and which first (a checkout between releases, or
+    local edits). None when they match or the base is not recorded."""
+    known = {t.key: t for t in trees.load_known()}.get(recipe.version)
+    if known is None or tree_version(root, recipe.project) != recipe.version:
+        return None
+    with tree_lock(root, wait, required=False):
+        pending = read_pending(root)
+        _, _, bare = plan(recipe, root, pending.view if pending else None)
+    touched = sorted({fp.path for path in recipe.series for fp in patchset.parse(path).files})
+    match = trees.compare(known, bare.get, touched)
+    if match.exact or not match.total:
+        return None
+    return (
+        f"with the series taken off, {len(match.differing)} of the {match.total} files it touches differ from "
+        f"{known.label} (first: {match.differing[0]}): local edits or a checkout between releases"
+    )
+
+
 def series_status(
     recipe: Recipe, target: str | Path | None = None, force: bool = False, wait: float = DEFAULT_WAIT
 ) -> list[PatchState]:

@@ -197,6 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         elif note := overlay.leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
+        if note := overlay.content_note(recipe, root, args.wait):
+            _say(f"  note: {note}")
         if note := overlay.installed_note(root, recipe.project):
             _say(f"  note: {note}")
         if any(s.state in overlay.BLOCKED for s in states) and (

@@ -217,3 +217,15 @@ def test_a_0_7_1_tree_given_to_the_0_6_0_series_is_named_and_what_it_already_car
     status = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
     n = len(manifest.load_recipe("qwen2_5", "0.7.1").series)
     assert status.returncode == 0 and status.stdout.count("applicable") == n, status.stdout
+
+
+def test_status_says_when_a_tree_of_the_right_version_differs_from_the_release(verl_tree: Path) -> None:
+    clean = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
+    assert clean.returncode == 0 and "differ from verl 0.6.0" not in clean.stdout
+    overlay.apply_series(manifest.load_recipe("qwen2_5", "0.6.0"), verl_tree, log=lambda m: None)
+    tracking = verl_tree / "verl" / "utils" / "tracking.py"  # touched by shared-0007; edit outside its hunks
+    tracking.write_text(tracking.read_text() + "\n# a local line\n")
+    proc = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
+    assert proc.returncode == 0 and proc.stdout.count("  applied ") == 10, proc.stdout
+    assert "1 of the" in proc.stdout and "differ from verl 0.6.0" in proc.stdout
+    assert "(first: verl/utils/tracking.py)" in proc.stdout
