@@ -50,6 +50,7 @@ def test_launcher_finds_the_repository_venv_from_a_fresh_shell(tmp_path, verl_tr
         "HOME": os.environ.get("HOME", str(tmp_path)),
         "PATH": BARE_PATH,
         "VERL_DIR": str(verl_tree),
+        "VERL_BASE": "0.6.0",  # the fixture's tree
         "RECIPES_CACHE": os.environ.get("RECIPES_CACHE", ""),
     }
     env = {k: v for k, v in env.items() if v}
@@ -240,14 +241,15 @@ def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left
 
     trainer = _cpu_tree_with_a_changed_patch(verl_tree)
     # someone's own tree (VERL_DIR): refused, one line, nothing removed
-    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay: tmp_path / "elsewhere")
-    with pytest.raises(preflight.PreflightError, match="does not apply"):
-        preflight.prepare_tree("qwen2_5", verl_tree, "cpu")
+    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay, base=None: tmp_path / "elsewhere")
+    # (the changed line reads as a local edit of an applied patch: the overlay says so, and refuses)
+    with pytest.raises(preflight.PreflightError, match="was applied, then edited"):
+        preflight.prepare_tree("qwen2_5", verl_tree, "cpu", base="0.6.0")
     assert "# older" in trainer.read_text()
-    # the overlay's own tree (llm_rl/<recipe>/verl-cpu): rebuilt from the series
-    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay: verl_tree)
+    # the overlay's own tree (llm_rl/<recipe>/verl-<base>-cpu): rebuilt from the series
+    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay, base=None: verl_tree)
     said: list[str] = []
-    check = preflight.prepare_tree("qwen2_5", verl_tree, "cpu", log=said.append)
+    check = preflight.prepare_tree("qwen2_5", verl_tree, "cpu", log=said.append, base="0.6.0")
     assert check.status == "ok" and "rebuilt" in check.detail, check
     assert len(said) == 1 and "rebuilding" in said[0], said
     assert "# older" not in trainer.read_text()
