@@ -360,11 +360,14 @@ def test_apply_patches_sh_wrapper(tmp_path, verl_tree, two_patches):
 
 
 def test_list_takes_a_recipe_as_the_readme_shows():
-    proc = cli("list", "qwen2_5")
+    proc = cli("list", "qwen2_5", "--base", "0.6.0")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     series = overlay.load_recipe("qwen2_5", "0.6.0").series
     assert lines[0] == f"qwen2_5: verl 0.6.0, {len(series)} patches, in order:"
+    default = cli("list", "qwen2_5").stdout.splitlines()[0]
+    spec = overlay.load_recipe("qwen2_5")
+    assert default == f"qwen2_5: verl {spec.default}, {len(spec.series)} patches, in order:"
     rows = [ln.split() for ln in lines[1:]]
     assert [r[1] for r in rows] == [str(p.relative_to(overlay.REPO)) for p in series]
     assert [r[0] for r in rows] == [p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in series]
@@ -384,12 +387,12 @@ def test_python_without_tomllib_gets_one_line(tmp_path):
 
 def test_status_names_another_recipes_series_on_the_tree(verl_tree):
     assert cli("apply", "deepseek_r1", "--target", verl_tree).returncode == 0
-    status = cli("status", "qwen2_5", "--target", verl_tree)
+    status = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
     assert status.returncode == 1 and "conflicting" in status.stdout
     n = len(overlay.load_recipe("deepseek_r1", "0.6.0").series)
     assert f"this tree carries recipe deepseek_r1's series ({n} of {n} patches applied)" in status.stdout
     assert f"overlay.py revert deepseek_r1 --target {verl_tree.resolve()}" in status.stdout
-    refused = cli("apply", "qwen2_5", "--target", verl_tree)
+    refused = cli("apply", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
     assert refused.returncode == 1 and "carries recipe deepseek_r1's series" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
     # On its own recipe's tree nothing foreign is reported.

@@ -23,7 +23,7 @@ BATCH, PROMPT_LEN, RESPONSE_LEN, MICRO = 4, 6, 5, 2
 
 def _series(recipe: str) -> list[str]:
     with open(REPO / "llm_rl" / recipe / "recipe.toml", "rb") as fh:
-        return tomllib.load(fh)["patches"]["series"]
+        return tomllib.load(fh)["bases"]["0.6.0"]["series"]
 
 
 @pytest.fixture(scope="module")
