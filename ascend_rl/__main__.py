@@ -45,6 +45,14 @@ TOOLS = {
         "greedy accuracy of a model (or verl checkpoint) on a test parquet",
     ),
     "e2e": ("ascend_rl.harness.e2e", "the recipes' real launch paths on CPU (make e2e)"),
+    "run_failure": (
+        "ascend_rl.run_failure",
+        "one line on why a training run failed: what died, in which step",
+    ),
+    "faults": (
+        "ascend_rl.harness.faults",
+        "kill CPU training runs inside a checkpoint save; check the resume",
+    ),
     "demo": (
         "ascend_rl.harness.demo",
         "GRPO through the Qwen launcher on CPU: a tiny model learns (make demo)",

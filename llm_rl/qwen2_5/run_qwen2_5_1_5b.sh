@@ -14,6 +14,9 @@
 # it changes (tiny model from e2e_out/, small batches, the verl-<base>-cpu tree, vLLM's CPU build).
 # --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl
 # tree and base, environment), the report on stderr; it implies --dry-run.
+# A rerun of the same RUN_NAME resumes from its newest complete checkpoint (trainer.resume_mode=auto;
+# patch shared-0012 makes a save killed half-way harmless). A run that fails ends with one line naming
+# what died (a trainer rank, the vLLM server, a reward worker), in which step and phase (run_failure.py).
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -171,5 +174,8 @@ mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"
 cd "$RECIPE_DIR"
-"$PYTHON" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG"
-exit "${PIPESTATUS[0]}"
+rc=0  # (set -e would end the script at a failed pipeline; pipefail makes rc main_ppo's status)
+"$PYTHON" -m verl.trainer.main_ppo "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" || rc=$?
+# A failed run ends with one line saying what died (a trainer rank, the vLLM server, ...), in which step and phase
+[ "$rc" -eq 0 ] || (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl run_failure "$LOG") || true
+exit "$rc"

@@ -1,4 +1,6 @@
-"""Test-only: with RECIPES_E2E_DISABLE_WEIGHT_SYNC=1, verl's vLLM rollouts keep the initial weights.
+"""Test-only hooks: the weight-sync negative control, and a pause inside a checkpoint save for the fault tests.
+
+With RECIPES_E2E_DISABLE_WEIGHT_SYNC=1, verl's vLLM rollouts keep the initial weights.
 
 vLLM is built with dummy weights and the first sync loads the initial policy; every later sync is
 skipped, so the rollout samples from the initial weights while the actor trains. verl 0.6.0 syncs in
@@ -9,12 +11,18 @@ ascend_rl/harness/launch.py puts this folder on PYTHONPATH only for e2e's `--dis
 control of the weight-sync check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level.
 Python imports sitecustomize at start-up in every process (the driver, Ray's workers, vLLM's engine),
 so the rollout classes are patched wherever they are loaded. It never ships in a recipe.
+
+With RECIPES_FAULT_PAUSE_SAVE=<text> and RECIPES_FAULT_MARKER=<path>, the first torch.save to a path
+containing <text> (e.g. "global_step_2.partial/actor": a trainer rank writing its shard of step 2) writes
+<path>.<pid> ("<pid> <file>") and blocks there: tests/harness/test_faults.py kills the run, or one process
+of it, at that moment, which is then a real point inside a save rather than a race against it.
 """
 
 import importlib.abc
 import importlib.util
 import os
 import sys
+import time
 
 # module -> the rollout classes in it whose update_weights(weights, **kwargs) loads the actor's weights
 _TARGETS = {
@@ -37,9 +45,26 @@ def _first_sync_only(update_weights):
     return wrapper
 
 
+def _pause_in_save(save):
+    where, marker = os.environ["RECIPES_FAULT_PAUSE_SAVE"], os.environ["RECIPES_FAULT_MARKER"]
+
+    def wrapper(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and where in os.fspath(f):
+            with open(f"{marker}.{os.getpid()}", "w") as out:
+                out.write(f"{os.getpid()} {os.fspath(f)}\n")
+            while True:  # until the test kills this process
+                time.sleep(60)
+        return save(obj, f, *args, **kwargs)
+
+    return wrapper
+
+
 class _PatchAfterLoad(importlib.abc.MetaPathFinder):
+    def __init__(self, targets):
+        self._targets = targets
+
     def find_spec(self, fullname, path, target=None):
-        if fullname not in _TARGETS:
+        if fullname not in self._targets:
             return None
         sys.meta_path.remove(self)
         try:
@@ -48,27 +73,37 @@ class _PatchAfterLoad(importlib.abc.MetaPathFinder):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Patching(spec.loader)
+        spec.loader = _Patching(spec.loader, self._targets[fullname])
         return spec
 
 
 class _Patching(importlib.abc.Loader):
-    """Loads a target module with its own loader, then wraps its rollouts' update_weights."""
+    """Loads a target module with its own loader, then patches it (patch(module))."""
 
-    def __init__(self, inner):
-        self._inner = inner
+    def __init__(self, inner, patch):
+        self._inner, self._patch = inner, patch
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        for name in _TARGETS[module.__name__]:
-            cls = getattr(module, name, None)
-            if cls is not None:
-                cls.update_weights = _first_sync_only(cls.update_weights)
-        print(f"[e2e] weight sync disabled in {module.__name__} (pid {os.getpid()})", file=sys.stderr)
+        self._patch(module)
+
+
+def _disable_sync(module):
+    for name in _TARGETS[module.__name__]:
+        cls = getattr(module, name, None)
+        if cls is not None:
+            cls.update_weights = _first_sync_only(cls.update_weights)
+    print(f"[e2e] weight sync disabled in {module.__name__} (pid {os.getpid()})", file=sys.stderr)
+
+
+def _pause_torch_save(module):
+    module.save = _pause_in_save(module.save)
 
 
 if os.environ.get("RECIPES_E2E_DISABLE_WEIGHT_SYNC") == "1":
-    sys.meta_path.insert(0, _PatchAfterLoad())
+    sys.meta_path.insert(0, _PatchAfterLoad(dict.fromkeys(_TARGETS, _disable_sync)))
+if os.environ.get("RECIPES_FAULT_PAUSE_SAVE") and os.environ.get("RECIPES_FAULT_MARKER"):
+    sys.meta_path.insert(0, _PatchAfterLoad({"torch": _pause_torch_save}))

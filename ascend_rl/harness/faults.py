@@ -1,0 +1,293 @@
+"""Kill whole training runs on CPU inside a checkpoint save, rerun the launcher, and check what it resumes from.
+
+Each kill runs the Qwen2.5 launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
+trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention). The harness's sitecustomize hook
+pauses the first torch.save under global_step_2 (a trainer rank writing its actor shard of the step-2
+save) and this script then kills, for real, from outside:
+
+    group@save  the run's whole process group (a node or job kill) while step 2 is being saved
+    rank@save   only the trainer rank that is writing its shard (a worker dying in the save)
+
+then reruns the launcher with trainer.resume_mode=auto on what the kill left. Pass: the rerun resumes from
+the newest complete checkpoint (step 1: step 2's save never finished), never from scratch and never from a
+partial folder, finishes the run's steps, and no process of the killed run is left (found by a variable only
+this run's processes carry in their environment). A kill of one rank is also timed: how long the run takes
+to end by itself (it is ended by force after --end-within seconds). Prints a table, writes <out>/faults.json.
+Exit status: 0 every kill passed, 1 one did not, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ascend_rl.data.util import write_json_atomic
+from ascend_rl.harness import e2e
+from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, launch, out_lock
+from ascend_rl.paths import REPO
+
+KINDS = ("group@save", "rank@save", "engine@step2")
+# what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore
+ENGINE_TITLES = ("vLLMHttpServer", "EngineCore")
+BASES = ("0.6.0", "0.7.1")
+PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
+STEPS = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Run it with the e2e environment's Python: .venv-e2e/bin/python -m ascend_rl faults",
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "e2e_out" / "faults", help="output folder")
+    parser.add_argument(
+        "--bases", default=",".join(BASES), help="comma-separated verl bases (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--kills", default=",".join(KINDS), help="comma-separated kill kinds (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--end-within", type=float, default=120.0, help="seconds a run with a dead rank may take to end"
+    )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run each base once uninterrupted and compare the rerun's step-2 metrics with it",
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    args.bases = [b.strip() for b in args.bases.split(",") if b.strip()]
+    args.kills = [k.strip() for k in args.kills.split(",") if k.strip()]
+    if not args.bases or set(args.bases) - set(BASES):
+        parser.error(f"--bases takes {', '.join(BASES)}; got {args.bases}")
+    if not args.kills or set(args.kills) - set(KINDS):
+        parser.error(f"--kills takes {', '.join(KINDS)}; got {args.kills}")
+    return args
+
+
+def overrides(base: str) -> list[str]:
+    """e2e's short Qwen run (its sync run on 0.6.0, its v071 run on 0.7.1), saving every step, keeping one."""
+    ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=None)
+    mine = {
+        "trainer.save_freq": "1",
+        "trainer.max_actor_ckpt_to_keep": "1",
+        "trainer.resume_mode": "auto",
+    }
+    kept = [
+        o for o in e2e.run_overrides("sync" if base == "0.6.0" else "v071", ns) if o.split("=")[0] not in mine
+    ]
+    return kept + [f"{k}={v}" for k, v in mine.items()]
+
+
+def run_processes(tag: str) -> list[int]:
+    """Live processes whose environment carries tag (only this run's processes do)."""
+    found, needle = [], tag.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def qwen_run(name: str, base: str, args, model_dir: Path, data_dir: Path, **kwargs):
+    """One run of the Qwen launcher's CPU profile with this script's overrides (launch() does the rest)."""
+    return launch(
+        name,
+        QWEN_LAUNCHER,
+        overrides(base),
+        args.out,
+        model_dir,
+        data_dir,
+        timeout_s=args.timeout,
+        prefix="faults",
+        base=base,
+        **kwargs,
+    )
+
+
+def ckpt_root(out: Path, name: str) -> Path:
+    """Where the launcher saves a run's checkpoints (CKPT_DIR/RUN_NAME, as launch() sets them)."""
+    return out / name / "ckpt" / f"faults_{name}"
+
+
+COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "training/rollout_probs_diff_mean")
+
+
+def compare(rerun: list[dict], baseline: list[dict], step: int = 2) -> dict:
+    """The rerun's metrics at `step` against the uninterrupted run's: the largest absolute difference."""
+    mine = next((r for r in rerun if r["step"] == step), {})
+    theirs = next((r for r in baseline if r["step"] == step), {})
+    diffs = {k: abs(mine[k] - theirs[k]) for k in COMPARED if k in mine and k in theirs}
+    return {"max_abs_diff": max(diffs.values()) if diffs else None, "diffs": diffs}
+
+
+def leftovers(tag: str, settle_s: float = 15.0) -> tuple[int, list[str]]:
+    """The run's processes still alive settle_s after it ended (Ray's helpers outside the launcher's process
+    group notice their raylet's death and exit on their own within a few seconds), with their commands."""
+    deadline = time.monotonic() + settle_s
+    while (pids := run_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except OSError:
+            continue
+    return len(names), names
+
+
+def kill_run(
+    kind: str, base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None
+) -> dict:
+    name = f"{kind.replace('@', '-')}-{base}"
+    marker = args.out / name / "paused"
+    tag = f"{args.out}/{name}/paused"  # RECIPES_FAULT_MARKER's value: in every process of this run only
+    state: dict = {}
+
+    def target() -> tuple[int, str] | None:
+        """The process to kill and where it is, once the kill point is reached."""
+        if kind.endswith("@save"):
+            hits = list(marker.parent.glob(marker.name + ".*")) if marker.parent.is_dir() else []
+            if not hits:
+                return None
+            pid, path = hits[0].read_text().split(" ", 1)
+            return int(pid), Path(path.strip()).relative_to(ckpt_root(args.out, name)).as_posix()
+        # engine@step2: once step 1 is logged (its checkpoint is saved before that), the engine dies in step 2
+        metrics = args.out / name / "metrics.jsonl"
+        if not (metrics.is_file() and metrics.read_text(encoding="utf-8").strip()):
+            return None
+        for pid in run_processes(tag):
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if any(t in title for t in ENGINE_TITLES):
+                return pid, f"step 2: {title.split()[0][:40]}"
+        return None
+
+    def watch() -> None:
+        while not state.get("done"):
+            found = target()
+            if found is None:
+                time.sleep(0.2)
+                continue
+            pid, where = found
+            pgid = os.getpgid(pid)
+            state.update(paused_in=where, pid=pid, killed_at=time.monotonic())
+            if kind == "group@save":
+                os.killpg(pgid, signal.SIGKILL)
+                return
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + args.end_within
+            while not state.get("done") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if not state.get("done"):
+                state["forced"] = True
+                os.killpg(pgid, signal.SIGKILL)
+            return
+
+    # the tag alone marks the run's processes; with the pause setting the hook also stops the step-2 save
+    hook_env = {"RECIPES_FAULT_MARKER": tag}
+    if kind.endswith("@save"):
+        hook_env["RECIPES_FAULT_PAUSE_SAVE"] = PAUSE_AT
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    row = {"kind": kind, "base": base}
+    try:
+        qwen_run(name, base, args, model_dir, data_dir, hook_env=hook_env)
+        row["killed_run"] = "finished (the kill point was never reached)"
+    except HarnessError as err:
+        row["killed_run"] = str(err).split(":", 1)[0]
+    state["done"] = True
+    ended = time.monotonic()
+    watcher.join(5)
+    if "killed_at" not in state:
+        return {**row, "ok": False, "why": "the save never reached the kill point"}
+    row["paused_in"] = state["paused_in"]
+    row["ended_s"] = round(ended - state["killed_at"], 1)
+    row["ended_by_itself"] = not state.get("forced", False)
+    row["left"], row["left_names"] = leftovers(tag)
+    said = [
+        line
+        for line in (args.out / name / "launcher.log").read_text(errors="replace").splitlines()
+        if line.startswith("run: ")
+    ]
+    row["said"] = said[-1] if said else None  # the launcher's one line on a failed run (run_failure.py)
+    ckpt = ckpt_root(args.out, name)
+    row["folders"] = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
+
+    rerun = f"{name}-rerun"
+
+    def seed(run_dir: Path) -> None:
+        shutil.copytree(ckpt, run_dir / "ckpt" / f"faults_{rerun}")
+
+    try:
+        result = qwen_run(rerun, base, args, model_dir, data_dir, seed=seed)
+    except HarnessError as err:
+        return {**row, "ok": False, "why": f"the rerun failed: {err}"}
+    steps = [r["step"] for r in result.rows]
+    row.update(resumed_from=steps[0] - 1 if steps else None, rerun_steps=steps, rerun_s=round(result.wall_s))
+    row["steps_lost"] = 2 - row["resumed_from"] if row["resumed_from"] is not None else None
+    if baseline is not None:
+        row["vs_uninterrupted"] = compare(result.rows, baseline)
+    row["ok"] = row["resumed_from"] == 1 and steps == list(range(2, STEPS + 1)) and row["left"] == 0
+    if not row["ok"]:
+        row["why"] = "resumed from the wrong step, did not finish, or left processes behind"
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'kill':<11} {'base':<6} {'paused in':<58} {'ended':>7} {'left':>4} {'resumed':>7} {'lost':>4}  result"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ended = f"{r.get('ended_s', '-')}s" + ("" if r.get("ended_by_itself", True) else "*")
+        lines.append(
+            f"{r['kind']:<11} {r['base']:<6} {r.get('paused_in', '-'):<58} {ended:>7} {r.get('left', '-'):>4} "
+            f"{str(r.get('resumed_from', '-')):>7} {str(r.get('steps_lost', '-')):>4}  "
+            + ("pass" if r["ok"] else f"FAIL: {r.get('why', '')}")
+        )
+        if r.get("vs_uninterrupted", {}).get("max_abs_diff") is not None:
+            lines.append(
+                f"{'':<19}step 2 against the uninterrupted run: largest difference "
+                f"{r['vs_uninterrupted']['max_abs_diff']:.3g} over {', '.join(COMPARED)}"
+            )
+    lines.append("ended: seconds from the kill to the end of the killed run (* = it did not end by itself)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        check_interpreter()
+        with out_lock(args.out, "faults"):
+            model_dir, data_dir = e2e.prepare_inputs(args.out, warm_start_steps=300)
+            rows = []
+            for base in args.bases:
+                baseline = None
+                if args.baseline:
+                    baseline = qwen_run(f"baseline-{base}", base, args, model_dir, data_dir).rows
+                for kind in args.kills:
+                    rows.append(kill_run(kind, base, args, model_dir, data_dir, baseline))
+                    print(f"faults: {rows[-1]}", flush=True)
+            write_json_atomic(args.out / "faults.json", {"rows": rows})
+    except HarnessError as err:
+        print(f"faults: error: {err}", file=sys.stderr)
+        return 1
+    print(table(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

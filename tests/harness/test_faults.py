@@ -1,0 +1,83 @@
+"""Whole runs killed mid-step resume from the newest complete checkpoint (shared-0012), and end by themselves.
+
+`python -m ascend_rl faults` through the Qwen launcher's CPU profile (main_ppo, Ray, FSDP2, vLLM's CPU
+build), a checkpoint every step and one kept: the harness's hook pauses the step-2 save at a trainer rank's
+first shard and the script kills the run's whole process group (both bases) or only that rank (verl 0.6.0),
+or it kills verl 0.7.1's vLLM server in step 2; then it reruns the launcher with resume_mode=auto.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+PLAN = (("0.6.0", "group@save,rank@save"), ("0.7.1", "group@save,engine@step2"))
+
+
+@pytest.fixture(scope="module")
+def faults(e2e_python, tmp_path_factory):
+    procs, rows = [], []
+    out = tmp_path_factory.mktemp("faults") / "out"  # one folder: the tiny model and data are built once
+    for base, kills in PLAN:
+        proc = subprocess.run(
+            [
+                str(e2e_python),
+                "-m",
+                "ascend_rl",
+                "faults",
+                "--out",
+                str(out),
+                "--bases",
+                base,
+                "--kills",
+                kills,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=2400,
+        )
+        procs.append(proc)
+        report = out / "faults.json"
+        rows += json.loads(report.read_text())["rows"] if report.is_file() else []
+    return procs, {(r["kind"], r["base"]): r for r in rows}
+
+
+def _tail(procs) -> str:
+    return "\n".join(f"stdout:\n{p.stdout[-2500:]}\nstderr:\n{p.stderr[-1500:]}" for p in procs)
+
+
+def test_every_kill_resumes_from_the_last_complete_checkpoint(faults):
+    procs, rows = faults
+    want = [(kind, base) for base, kills in PLAN for kind in kills.split(",")]
+    assert sorted(rows) == sorted(want), _tail(procs)
+    for row in rows.values():
+        # what the kill left: step 1 complete, the tracker at 1, step 2 at most under its temporary name
+        assert "global_step_1" in row["folders"] and "global_step_2" not in row["folders"], row
+        assert row["resumed_from"] == 1 and row["steps_lost"] == 1 and row["rerun_steps"] == [2, 3], row
+        assert row["left"] == 0, row  # no process of the killed run outlives it
+        assert row["ok"], row
+    assert all(p.returncode == 0 for p in procs), _tail(procs)
+    assert all("pass" in p.stdout and "FAIL" not in p.stdout for p in procs), _tail(procs)
+
+
+def test_the_save_kills_happen_inside_the_step_2_save(faults):
+    _, rows = faults
+    for kind in ("group@save", "rank@save"):
+        for (k, _base), row in rows.items():
+            if k == kind:
+                assert row["paused_in"].startswith("global_step_2.partial/actor/"), row
+
+
+def test_a_dead_worker_ends_the_run_by_itself_with_one_line(faults):
+    _, rows = faults
+    for kind in ("rank@save", "engine@step2"):
+        row = next(r for (k, _), r in rows.items() if k == kind)
+        assert row["ended_by_itself"], row  # without the script's forced kill, within --end-within
+        assert row["said"] and row["said"].startswith("run: ") and " in step 2" in row["said"], row
+    assert "trainer rank 0" in rows[("rank@save", "0.6.0")]["said"]
