@@ -66,3 +66,28 @@ def tiny_qwen2(seed: int):
         attn_implementation="eager",
     )
     return Qwen2ForCausalLM(cfg)
+
+
+def ppo_batch(old_log_probs=None, batch: int = 4, prompt_len: int = 6, response_len: int = 5, micro: int = 2):
+    """A seeded PPO update batch of random tokens: one left-padded prompt, one response that ended early."""
+    import torch
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(1)
+    seq = prompt_len + response_len
+    input_ids = torch.randint(1, 64, (batch, seq), generator=g)
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask[0, :2] = 0  # left-padded prompt
+    attention_mask[1, -2:] = 0  # response ended early
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": input_ids[:, prompt_len:],
+        "response_mask": attention_mask[:, prompt_len:],
+        "advantages": torch.randn(batch, response_len, generator=g),
+    }
+    if old_log_probs is not None:
+        tensors["old_log_probs"] = old_log_probs
+    meta = {"temperature": 1.0, "micro_batch_size": micro, "use_dynamic_bsz": False}
+    return DataProto.from_dict(tensors=tensors, meta_info=meta)

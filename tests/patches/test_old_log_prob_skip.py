@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from patched_tree import free_port, patched_copy, run_on_tree, tiny_qwen2
+from patched_tree import free_port, patched_copy, ppo_batch, run_on_tree, tiny_qwen2
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH, PROMPT_LEN, RESPONSE_LEN, MICRO = 4, 6, 5, 2
@@ -89,28 +89,7 @@ def test_trainer_step_issues_one_actor_forward_pass_fewer(measured):
 
 
 def _batch(old_log_probs=None):
-    import torch
-    from verl import DataProto
-
-    g = torch.Generator().manual_seed(1)
-    seq = PROMPT_LEN + RESPONSE_LEN
-    input_ids = torch.randint(1, 64, (BATCH, seq), generator=g)
-    attention_mask = torch.ones(BATCH, seq, dtype=torch.long)
-    attention_mask[0, :2] = 0  # left-padded prompt
-    attention_mask[1, -2:] = 0  # response ended early
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    tensors = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "responses": input_ids[:, PROMPT_LEN:],
-        "response_mask": attention_mask[:, PROMPT_LEN:],
-        "advantages": torch.randn(BATCH, RESPONSE_LEN, generator=g),
-    }
-    if old_log_probs is not None:
-        tensors["old_log_probs"] = old_log_probs
-    meta = {"temperature": 1.0, "micro_batch_size": MICRO, "use_dynamic_bsz": False}
-    return DataProto.from_dict(tensors=tensors, meta_info=meta)
+    return ppo_batch(old_log_probs, BATCH, PROMPT_LEN, RESPONSE_LEN, MICRO)
 
 
 def _recording_sgd(params, lr: float):
