@@ -4,7 +4,7 @@
 
 LOG is the launcher's log of a main_ppo run (the launchers call this when main_ppo exits non-zero). It reads
 Ray's report of a dead actor (ActorDiedError: the actor's class, its rank, its pid, why its process ended),
-otherwise the last error line; the step is the one after the last `step:N` line verl printed, the phase the
+a full disk during a checkpoint save (the folder, and the space left there), otherwise the last error line; the step is the one after the last `step:N` line verl printed, the phase the
 trainer's frame in the traceback (generation, weight sync, reward, update, checkpoint save). Exit status 0
 when it printed a line, 2 on a usage error or an unreadable log.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -70,6 +71,20 @@ def summarise(text: str) -> str:
         elif "INTENDED_USER_EXIT" in block:
             how = "it was stopped"
         return f"run: {who} died {where}: {how}"
+    full = re.search(
+        r"No space left on device|file write failed|inline_container\.cc:\d+\]\s*\.\s*unexpected pos", text
+    )
+    if full:  # torch.save on a full disk says only "unexpected pos" or "file write failed"
+        folders = re.findall(r"local_global_step_folder: (\S+)", text)
+        folder = folders[-1] if folders else "the checkpoint folder"
+        free = ""
+        if folders:
+            parent = Path(folder).parent
+            try:
+                free = f", {shutil.disk_usage(parent).free / 2**20:.1f} MiB free there now"
+            except OSError:
+                pass
+        return f"run: failed {where}: the disk is full writing {folder}{free} ({full.group(0)})"
     error = None
     for line in lines:
         m = re.search(r"(\w+(Error|Exception)\b.*)", line)

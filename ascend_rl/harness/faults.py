@@ -7,6 +7,8 @@ save) and this script then kills, for real, from outside:
 
     group@save  the run's whole process group (a node or job kill) while step 2 is being saved
     rank@save   only the trainer rank that is writing its shard (a worker dying in the save)
+    engine@step2  verl 0.7.1's vLLM server process, once step 1 is logged (a dead engine mid-step)
+    diskfull@save the checkpoints on a tmpfs that holds step 1's save but not step 2's beside it (root only)
 
 then reruns the launcher with trainer.resume_mode=auto on what the kill left. Pass: the rerun resumes from
 the newest complete checkpoint (step 1: step 2's save never finished), never from scratch and never from a
@@ -22,6 +24,7 @@ import argparse
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +35,8 @@ from ascend_rl.harness import e2e
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, launch, out_lock
 from ascend_rl.paths import REPO
 
-KINDS = ("group@save", "rank@save", "engine@step2")
+KINDS = ("group@save", "rank@save", "engine@step2", "diskfull@save")
+DISK_KIB = 7 * 1024  # one checkpoint of the e2e model is about 4.6 MiB (model, optimizer, extra, data.pt)
 # what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore
 ENGINE_TITLES = ("vLLMHttpServer", "EngineCore")
 BASES = ("0.6.0", "0.7.1")
@@ -219,6 +223,12 @@ def kill_run(
     row["ended_s"] = round(ended - state["killed_at"], 1)
     row["ended_by_itself"] = not state.get("forced", False)
     row["left"], row["left_names"] = leftovers(tag)
+    return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
+
+
+def after_failure(row, name, tag, base, args, model_dir, data_dir, baseline) -> dict:
+    """What a failed run left (its one line, processes, checkpoint folders), then the rerun and its checks."""
+    row["left"], row["left_names"] = leftovers(tag)
     said = [
         line
         for line in (args.out / name / "launcher.log").read_text(errors="replace").splitlines()
@@ -237,6 +247,9 @@ def kill_run(
         result = qwen_run(rerun, base, args, model_dir, data_dir, seed=seed)
     except HarnessError as err:
         return {**row, "ok": False, "why": f"the rerun failed: {err}"}
+    finally:
+        if row.get("mounted"):
+            subprocess.run(["umount", "-l", str(args.out / name / "ckpt")], check=False)
     steps = [r["step"] for r in result.rows]
     row.update(resumed_from=steps[0] - 1 if steps else None, rerun_steps=steps, rerun_s=round(result.wall_s))
     row["steps_lost"] = 2 - row["resumed_from"] if row["resumed_from"] is not None else None
@@ -246,6 +259,31 @@ def kill_run(
     if not row["ok"]:
         row["why"] = "resumed from the wrong step, did not finish, or left processes behind"
     return row
+
+
+def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None) -> dict:
+    """The checkpoints on a tmpfs of DISK_KIB: step 1's save fits, step 2's (kept beside it) does not."""
+    name = f"diskfull-save-{base}"
+    tag = f"{args.out}/{name}/paused"
+    row = {"kind": "diskfull@save", "base": base, "paused_in": f"tmpfs of {DISK_KIB} KiB"}
+
+    def seed(run_dir: Path) -> None:
+        (run_dir / "ckpt").mkdir()
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={DISK_KIB}k", "tmpfs", str(run_dir / "ckpt")]
+        done = subprocess.run(mount, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise HarnessError(f"cannot mount a small tmpfs for the disk-full run: {done.stderr.strip()}")
+        row["mounted"] = True
+
+    try:
+        qwen_run(name, base, args, model_dir, data_dir, seed=seed, hook_env={"RECIPES_FAULT_MARKER": tag})
+        return {**row, "ok": False, "why": "the run finished: the disk never filled"}
+    except HarnessError as err:
+        if not row.get("mounted"):
+            return {**row, "ok": False, "why": str(err)}
+        row["killed_run"] = str(err).split(":", 1)[0]
+    row["ended_by_itself"] = True
+    return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
 
 
 def table(rows: list[dict]) -> str:
@@ -279,7 +317,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.baseline:
                     baseline = qwen_run(f"baseline-{base}", base, args, model_dir, data_dir).rows
                 for kind in args.kills:
-                    rows.append(kill_run(kind, base, args, model_dir, data_dir, baseline))
+                    run = disk_full_run if kind == "diskfull@save" else kill_run
+                    rows.append(
+                        run(kind, base, args, model_dir, data_dir, baseline)
+                        if run is kill_run
+                        else run(base, args, model_dir, data_dir, baseline)
+                    )
                     print(f"faults: {rows[-1]}", flush=True)
             write_json_atomic(args.out / "faults.json", {"rows": rows})
     except HarnessError as err:

@@ -3,7 +3,8 @@
 `python -m ascend_rl faults` through the Qwen launcher's CPU profile (main_ppo, Ray, FSDP2, vLLM's CPU
 build), a checkpoint every step and one kept: the harness's hook pauses the step-2 save at a trainer rank's
 first shard and the script kills the run's whole process group (both bases) or only that rank (verl 0.6.0),
-or it kills verl 0.7.1's vLLM server in step 2; then it reruns the launcher with resume_mode=auto.
+or it kills verl 0.7.1's vLLM server in step 2, or (0.6.0) the checkpoints sit on a tmpfs that step 2's
+save fills; then it reruns the launcher with resume_mode=auto.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-PLAN = (("0.6.0", "group@save,rank@save"), ("0.7.1", "group@save,engine@step2"))
+PLAN = (("0.6.0", "group@save,rank@save,diskfull@save"), ("0.7.1", "group@save,engine@step2"))
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +58,16 @@ def test_every_kill_resumes_from_the_last_complete_checkpoint(faults):
     want = [(kind, base) for base, kills in PLAN for kind in kills.split(",")]
     assert sorted(rows) == sorted(want), _tail(procs)
     for row in rows.values():
+        if row["kind"] == "diskfull@save" and row.get("why", "").startswith("cannot mount"):
+            continue  # test_a_full_disk... says why
         # what the kill left: step 1 complete, the tracker at 1, step 2 at most under its temporary name
         assert "global_step_1" in row["folders"] and "global_step_2" not in row["folders"], row
         assert row["resumed_from"] == 1 and row["steps_lost"] == 1 and row["rerun_steps"] == [2, 3], row
         assert row["left"] == 0, row  # no process of the killed run outlives it
         assert row["ok"], row
-    assert all(p.returncode == 0 for p in procs), _tail(procs)
-    assert all("pass" in p.stdout and "FAIL" not in p.stdout for p in procs), _tail(procs)
+    if not rows[("diskfull@save", "0.6.0")].get("why", "").startswith("cannot mount"):
+        assert all(p.returncode == 0 for p in procs), _tail(procs)
+        assert all("pass" in p.stdout and "FAIL" not in p.stdout for p in procs), _tail(procs)
 
 
 def test_the_save_kills_happen_inside_the_step_2_save(faults):
@@ -81,3 +85,16 @@ def test_a_dead_worker_ends_the_run_by_itself_with_one_line(faults):
         assert row["ended_by_itself"], row  # without the script's forced kill, within --end-within
         assert row["said"] and row["said"].startswith("run: ") and " in step 2" in row["said"], row
     assert "trainer rank 0" in rows[("rank@save", "0.6.0")]["said"]
+
+
+def test_a_full_disk_during_a_save_stops_the_run_in_one_line_and_step_1_stays_loadable(faults):
+    _, rows = faults
+    row = rows[("diskfull@save", "0.6.0")]
+    if row.get("why", "").startswith("cannot mount"):
+        pytest.skip(f"the disk-full run needs a small tmpfs: {row['why']}")
+    assert row["ended_by_itself"] and row["said"].startswith(
+        "run: failed in step 2 (saving its checkpoint): "
+    ), row
+    assert "the disk is full writing " in row["said"] and "global_step_2.partial" in row["said"], row
+    # the previous checkpoint stays complete and the rerun (on a disk with room) resumes from it
+    assert row["resumed_from"] == 1 and row["rerun_steps"] == [2, 3] and row["ok"], row
