@@ -247,9 +247,6 @@ def after_failure(row, name, tag, base, args, model_dir, data_dir, baseline) -> 
         result = qwen_run(rerun, base, args, model_dir, data_dir, seed=seed)
     except HarnessError as err:
         return {**row, "ok": False, "why": f"the rerun failed: {err}"}
-    finally:
-        if row.get("mounted"):
-            subprocess.run(["umount", "-l", str(args.out / name / "ckpt")], check=False)
     steps = [r["step"] for r in result.rows]
     row.update(resumed_from=steps[0] - 1 if steps else None, rerun_steps=steps, rerun_s=round(result.wall_s))
     row["steps_lost"] = 2 - row["resumed_from"] if row["resumed_from"] is not None else None
@@ -276,14 +273,18 @@ def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: li
         row["mounted"] = True
 
     try:
-        qwen_run(name, base, args, model_dir, data_dir, seed=seed, hook_env={"RECIPES_FAULT_MARKER": tag})
-        return {**row, "ok": False, "why": "the run finished: the disk never filled"}
-    except HarnessError as err:
-        if not row.get("mounted"):
-            return {**row, "ok": False, "why": str(err)}
-        row["killed_run"] = str(err).split(":", 1)[0]
-    row["ended_by_itself"] = True
-    return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
+        try:
+            qwen_run(name, base, args, model_dir, data_dir, seed=seed, hook_env={"RECIPES_FAULT_MARKER": tag})
+            return {**row, "ok": False, "why": "the run finished: the disk never filled"}
+        except HarnessError as err:
+            if not row.get("mounted"):
+                return {**row, "ok": False, "why": str(err)}
+            row["killed_run"] = str(err).split(":", 1)[0]
+        row["ended_by_itself"] = True
+        return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
+    finally:
+        if row.get("mounted"):  # the rerun has copied what the run left
+            subprocess.run(["umount", "-l", str(args.out / name / "ckpt")], check=False, capture_output=True)
 
 
 def table(rows: list[dict]) -> str:
