@@ -288,12 +288,13 @@ def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: li
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'kill':<11} {'base':<6} {'paused in':<58} {'ended':>7} {'left':>4} {'resumed':>7} {'lost':>4}  result"
+    head = f"{'kill':<13} {'base':<6} {'paused in':<58} {'ended':>7} {'left':>4} {'resumed':>7} {'lost':>4}  result"
     lines = [head, "-" * len(head)]
     for r in rows:
-        ended = f"{r.get('ended_s', '-')}s" + ("" if r.get("ended_by_itself", True) else "*")
+        ended = f"{r['ended_s']}s" if "ended_s" in r else "-"
+        ended += "" if r.get("ended_by_itself", True) else "*"
         lines.append(
-            f"{r['kind']:<11} {r['base']:<6} {r.get('paused_in', '-'):<58} {ended:>7} {r.get('left', '-'):>4} "
+            f"{r['kind']:<13} {r['base']:<6} {r.get('paused_in', '-'):<58} {ended:>7} {r.get('left', '-'):>4} "
             f"{str(r.get('resumed_from', '-')):>7} {str(r.get('steps_lost', '-')):>4}  "
             + ("pass" if r["ok"] else f"FAIL: {r.get('why', '')}")
         )
