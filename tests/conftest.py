@@ -151,3 +151,16 @@ def e2e_python() -> Path:
     )
     assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
     return python
+
+
+# Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo: each takes
+# both cores and up to 10 GiB. Under `make test` (pytest-xdist, --dist loadgroup) they form one group that a
+# single worker runs one after another, while the other workers take the rest of the suite; two of them side by
+# side would not fit in 24 GiB. Without xdist the mark does nothing.
+E2E_GROUP = "e2e-environment"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "e2e_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
