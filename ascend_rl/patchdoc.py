@@ -334,7 +334,13 @@ def computed_symbols(sdists: dict[str, Path]) -> dict[Path, dict[str, str]]:
             entries = []
             for fp in patch.files:
                 old = tree.get(fp.old_path) if fp.old_path else None
-                new = patchset.apply_file(fp, old)
+                try:
+                    new = patchset.apply_file(fp, old)
+                except patchset.HunkConflict as exc:
+                    raise DocError(
+                        f"{rel(path)} does not apply to verl {base}'s sdist after the patches before it in its "
+                        f"series ({exc}); a CPU overlay patch may not depend on a recipe's patch"
+                    ) from None
                 entries.append(_file_symbols(fp.path, old, new))
                 tree[fp.path] = new
             result.setdefault(path, {}).setdefault(base, "; ".join(entries))
