@@ -155,8 +155,9 @@ def e2e_python() -> Path:
 
 # Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo: each takes
 # both cores and up to 10 GiB. Under `make test` (pytest-xdist, --dist loadgroup) they form one group that a
-# single worker runs one after another, while the other workers take the rest of the suite; two of them side by
-# side would not fit in 24 GiB. Without xdist the mark does nothing.
+# single worker runs one after another, while the other worker takes the rest of the suite; two of them side by
+# side would not fit in 24 GiB. Every other test is grouped by its file, so that a file's module fixtures (a
+# patched tree, a demo run) are built once, on one worker. Without xdist the marks do nothing.
 E2E_GROUP = "e2e-environment"
 
 
@@ -164,3 +165,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "e2e_python" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
+        else:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

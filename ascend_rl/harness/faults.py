@@ -1,14 +1,19 @@
 """Kill whole training runs on CPU inside a checkpoint save, rerun the launcher, and check what it resumes from.
 
-Each kill runs the Qwen2.5 launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
-trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention). The harness's sitecustomize hook
-pauses the first torch.save under global_step_2 (a trainer rank writing its actor shard of the step-2
-save) and this script then kills, for real, from outside:
+Each kill runs a recipe launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
+trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention): the Qwen2.5 launcher (FSDP2, one
+trainer rank) on each verl base, and the DeepSeek launcher (the Megatron actor on 2 gloo ranks, EP=2, a tiny
+DeepSeek-V3; verl 0.6.0, the one base it has a CPU run on). The harness's sitecustomize hook pauses the
+first torch.save under global_step_2 (FSDP: a trainer rank writing its actor shard; Megatron: rank 0 writing
+the dist checkpoint's common.pt while rank 1 waits in the save's collective) and this script then kills,
+for real, from outside:
 
     group@save  the run's whole process group (a node or job kill) while step 2 is being saved
-    rank@save   only the trainer rank that is writing its shard (a worker dying in the save)
-    engine@step2  verl 0.7.1's vLLM server process, once step 1 is logged (a dead engine mid-step)
-    diskfull@save the checkpoints on a tmpfs that holds step 1's save but not step 2's beside it (root only)
+    rank@save   only the trainer rank that is writing (a worker dying in the save)
+    engine@step2  the vLLM engine's process once step 1 is logged (a dead engine mid-step): verl 0.7.1's
+                vLLM server; on verl 0.6.0's sync rollout the engine runs inside trainer rank 0, so that rank
+    diskfull@save the checkpoints on a tmpfs that holds step 1's save but not step 2's beside it (root only;
+                Qwen: the size is that of its checkpoint)
 
 then reruns the launcher with trainer.resume_mode=auto on what the kill left. Pass: the rerun resumes from
 the newest complete checkpoint (step 1: step 2's save never finished), never from scratch and never from a
@@ -32,14 +37,30 @@ from pathlib import Path
 
 from ascend_rl.data.util import write_json_atomic
 from ascend_rl.harness import e2e
-from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, launch, out_lock
+from ascend_rl.harness.launch import (
+    DS_LAUNCHER,
+    QWEN_LAUNCHER,
+    HarnessError,
+    check_interpreter,
+    launch,
+    out_lock,
+)
 from ascend_rl.paths import REPO
 
 KINDS = ("group@save", "rank@save", "engine@step2", "diskfull@save")
 DISK_KIB = 7 * 1024  # one checkpoint of the e2e model is about 4.6 MiB (model, optimizer, extra, data.pt)
-# what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore
-ENGINE_TITLES = ("vLLMHttpServer", "EngineCore")
+# what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore;
+# verl 0.6.0's sync rollout (the guide's mode, both recipes' CPU runs there) builds the engine inside each
+# trainer rank (Ray's WorkerDict actor)
+ENGINE_TITLES = {"0.6.0": ("WorkerDict",), "0.7.1": ("vLLMHttpServer", "EngineCore")}
 BASES = ("0.6.0", "0.7.1")
+RECIPES = ("qwen2_5", "deepseek_r1")
+# the bases and kills each recipe's CPU run supports: the DeepSeek recipe's run is on verl 0.6.0 only (its 0.7.1
+# base has no CPU run yet), and the disk-full size is the Qwen checkpoint's
+SUPPORTED = {
+    "qwen2_5": {"bases": BASES, "kills": KINDS},
+    "deepseek_r1": {"bases": ("0.6.0",), "kills": ("group@save", "rank@save", "engine@step2")},
+}
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
 
@@ -50,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Run it with the e2e environment's Python: .venv-e2e/bin/python -m ascend_rl faults",
     )
     parser.add_argument("--out", type=Path, default=REPO / "e2e_out" / "faults", help="output folder")
+    parser.add_argument(
+        "--recipes", default=",".join(RECIPES), help="comma-separated recipes (default: %(default)s)"
+    )
     parser.add_argument(
         "--bases", default=",".join(BASES), help="comma-separated verl bases (default: %(default)s)"
     )
@@ -68,27 +92,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
     )
     args = parser.parse_args(argv)
+    args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     args.bases = [b.strip() for b in args.bases.split(",") if b.strip()]
     args.kills = [k.strip() for k in args.kills.split(",") if k.strip()]
+    if not args.recipes or set(args.recipes) - set(RECIPES):
+        parser.error(f"--recipes takes {', '.join(RECIPES)}; got {args.recipes}")
     if not args.bases or set(args.bases) - set(BASES):
         parser.error(f"--bases takes {', '.join(BASES)}; got {args.bases}")
     if not args.kills or set(args.kills) - set(KINDS):
         parser.error(f"--kills takes {', '.join(KINDS)}; got {args.kills}")
+    args.plan, args.not_run = plan(args.recipes, args.bases, args.kills)
+    if not args.plan:
+        parser.error("nothing to run: " + "; ".join(args.not_run))
     return args
 
 
-def overrides(base: str) -> list[str]:
-    """e2e's short Qwen run (its sync run on 0.6.0, its v071 run on 0.7.1), saving every step, keeping one."""
-    ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=None)
+def plan(
+    recipes: list[str], bases: list[str], kills: list[str]
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The (recipe, base, kill) runs asked for that the recipes' CPU runs support, and a line per one left out."""
+    runs, left = [], []
+    for recipe in recipes:
+        can = SUPPORTED[recipe]
+        for base in bases:
+            if base not in can["bases"]:
+                left.append(f"{recipe} has no CPU run on verl {base}")
+                continue
+            runs += [(recipe, base, kind) for kind in kills if kind in can["kills"]]
+            left += [f"{kind} is not tried on {recipe}" for kind in kills if kind not in can["kills"]]
+    return runs, sorted(set(left))
+
+
+def overrides(recipe: str, base: str) -> list[str]:
+    """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 run on 0.7.1; DeepSeek: its
+    deepseek run, without the reshard report), saving every step, keeping one."""
+    ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=REPO / "e2e_out")
     mine = {
         "trainer.save_freq": "1",
         "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.resume_mode": "auto",
     }
+    name = e2e.DEEPSEEK if recipe == "deepseek_r1" else "sync" if base == "0.6.0" else "v071"
     kept = [
-        o for o in e2e.run_overrides("sync" if base == "0.6.0" else "v071", ns) if o.split("=")[0] not in mine
+        o
+        for o in e2e.run_overrides(name, ns)
+        if o.split("=")[0] not in mine and "RECIPE_RESHARD_REPORT" not in o
     ]
     return kept + [f"{k}={v}" for k, v in mine.items()]
+
+
+def run_name(recipe: str, kind: str, base: str) -> str:
+    """The run's folder under --out (and, prefixed faults_, its RUN_NAME)."""
+    return ("ds-" if recipe == "deepseek_r1" else "") + f"{kind.replace('@', '-')}-{base}"
 
 
 def run_processes(tag: str) -> list[int]:
@@ -105,12 +160,12 @@ def run_processes(tag: str) -> list[int]:
     return found
 
 
-def qwen_run(name: str, base: str, args, model_dir: Path, data_dir: Path, **kwargs):
-    """One run of the Qwen launcher's CPU profile with this script's overrides (launch() does the rest)."""
+def recipe_run(recipe: str, name: str, base: str, args, model_dir: Path, data_dir: Path, **kwargs):
+    """One run of the recipe launcher's CPU profile with this script's overrides (launch() does the rest)."""
     return launch(
         name,
-        QWEN_LAUNCHER,
-        overrides(base),
+        DS_LAUNCHER if recipe == "deepseek_r1" else QWEN_LAUNCHER,
+        overrides(recipe, base),
         args.out,
         model_dir,
         data_dir,
@@ -153,9 +208,9 @@ def leftovers(tag: str, settle_s: float = 15.0) -> tuple[int, list[str]]:
 
 
 def kill_run(
-    kind: str, base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None
+    recipe: str, kind: str, base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None
 ) -> dict:
-    name = f"{kind.replace('@', '-')}-{base}"
+    name = run_name(recipe, kind, base)
     marker = args.out / name / "paused"
     tag = f"{args.out}/{name}/paused"  # RECIPES_FAULT_MARKER's value: in every process of this run only
     state: dict = {}
@@ -172,13 +227,13 @@ def kill_run(
         metrics = args.out / name / "metrics.jsonl"
         if not (metrics.is_file() and metrics.read_text(encoding="utf-8").strip()):
             return None
-        for pid in run_processes(tag):
+        for pid in sorted(run_processes(tag)):  # the lowest pid: the first rank started
             try:
                 title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if any(t in title for t in ENGINE_TITLES):
-                return pid, f"step 2: {title.split()[0][:40]}"
+            if any(t in title for t in ENGINE_TITLES[base]):
+                return pid, f"step 2: {title.split()[0][:56]}"
         return None
 
     def watch() -> None:
@@ -208,9 +263,9 @@ def kill_run(
         hook_env["RECIPES_FAULT_PAUSE_SAVE"] = PAUSE_AT
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    row = {"kind": kind, "base": base}
+    row = {"recipe": recipe, "kind": kind, "base": base}
     try:
-        qwen_run(name, base, args, model_dir, data_dir, hook_env=hook_env)
+        recipe_run(recipe, name, base, args, model_dir, data_dir, hook_env=hook_env)
         row["killed_run"] = "finished (the kill point was never reached)"
     except HarnessError as err:
         row["killed_run"] = str(err).split(":", 1)[0]
@@ -223,10 +278,10 @@ def kill_run(
     row["ended_s"] = round(ended - state["killed_at"], 1)
     row["ended_by_itself"] = not state.get("forced", False)
     row["left"], row["left_names"] = leftovers(tag)
-    return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
+    return after_failure(row, name, tag, args, model_dir, data_dir, baseline)
 
 
-def after_failure(row, name, tag, base, args, model_dir, data_dir, baseline) -> dict:
+def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
     """What a failed run left (its one line, processes, checkpoint folders), then the rerun and its checks."""
     row["left"], row["left_names"] = leftovers(tag)
     said = [
@@ -244,7 +299,7 @@ def after_failure(row, name, tag, base, args, model_dir, data_dir, baseline) -> 
         shutil.copytree(ckpt, run_dir / "ckpt" / f"faults_{rerun}")
 
     try:
-        result = qwen_run(rerun, base, args, model_dir, data_dir, seed=seed)
+        result = recipe_run(row["recipe"], rerun, row["base"], args, model_dir, data_dir, seed=seed)
     except HarnessError as err:
         return {**row, "ok": False, "why": f"the rerun failed: {err}"}
     steps = [r["step"] for r in result.rows]
@@ -260,9 +315,14 @@ def after_failure(row, name, tag, base, args, model_dir, data_dir, baseline) -> 
 
 def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None) -> dict:
     """The checkpoints on a tmpfs of DISK_KIB: step 1's save fits, step 2's (kept beside it) does not."""
-    name = f"diskfull-save-{base}"
+    name = run_name("qwen2_5", "diskfull@save", base)
     tag = f"{args.out}/{name}/paused"
-    row = {"kind": "diskfull@save", "base": base, "paused_in": f"tmpfs of {DISK_KIB} KiB"}
+    row = {
+        "recipe": "qwen2_5",
+        "kind": "diskfull@save",
+        "base": base,
+        "paused_in": f"tmpfs of {DISK_KIB} KiB",
+    }
 
     def seed(run_dir: Path) -> None:
         (run_dir / "ckpt").mkdir()
@@ -274,33 +334,42 @@ def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: li
 
     try:
         try:
-            qwen_run(name, base, args, model_dir, data_dir, seed=seed, hook_env={"RECIPES_FAULT_MARKER": tag})
+            recipe_run(
+                "qwen2_5",
+                name,
+                base,
+                args,
+                model_dir,
+                data_dir,
+                seed=seed,
+                hook_env={"RECIPES_FAULT_MARKER": tag},
+            )
             return {**row, "ok": False, "why": "the run finished: the disk never filled"}
         except HarnessError as err:
             if not row.get("mounted"):
                 return {**row, "ok": False, "why": str(err)}
             row["killed_run"] = str(err).split(":", 1)[0]
         row["ended_by_itself"] = True
-        return after_failure(row, name, tag, base, args, model_dir, data_dir, baseline)
+        return after_failure(row, name, tag, args, model_dir, data_dir, baseline)
     finally:
         if row.get("mounted"):  # the rerun has copied what the run left
             subprocess.run(["umount", "-l", str(args.out / name / "ckpt")], check=False, capture_output=True)
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'kill':<13} {'base':<6} {'paused in':<58} {'ended':>7} {'left':>4} {'resumed':>7} {'lost':>4}  result"
+    head = f"{'recipe':<11} {'kill':<13} {'base':<6} {'paused in':<58} {'ended':>7} {'left':>4} {'resumed':>7} {'lost':>4}  result"
     lines = [head, "-" * len(head)]
     for r in rows:
         ended = f"{r['ended_s']}s" if "ended_s" in r else "-"
         ended += "" if r.get("ended_by_itself", True) else "*"
         lines.append(
-            f"{r['kind']:<13} {r['base']:<6} {r.get('paused_in', '-'):<58} {ended:>7} {r.get('left', '-'):>4} "
+            f"{r['recipe']:<11} {r['kind']:<13} {r['base']:<6} {r.get('paused_in', '-'):<58} {ended:>7} {r.get('left', '-'):>4} "
             f"{str(r.get('resumed_from', '-')):>7} {str(r.get('steps_lost', '-')):>4}  "
             + ("pass" if r["ok"] else f"FAIL: {r.get('why', '')}")
         )
         if r.get("vs_uninterrupted", {}).get("max_abs_diff") is not None:
             lines.append(
-                f"{'':<19}step 2 against the uninterrupted run: largest difference "
+                f"{'':<31}step 2 against the uninterrupted run: largest difference "
                 f"{r['vs_uninterrupted']['max_abs_diff']:.3g} over {', '.join(COMPARED)}"
             )
     lines.append("ended: seconds from the kill to the end of the killed run (* = it did not end by itself)")
@@ -309,23 +378,28 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    for line in args.not_run:
+        print(f"faults: not run: {line}")
     try:
         check_interpreter()
         with out_lock(args.out, "faults"):
-            model_dir, data_dir = e2e.prepare_inputs(args.out, warm_start_steps=300)
-            rows = []
-            for base in args.bases:
-                baseline = None
-                if args.baseline:
-                    baseline = qwen_run(f"baseline-{base}", base, args, model_dir, data_dir).rows
-                for kind in args.kills:
-                    run = disk_full_run if kind == "diskfull@save" else kill_run
-                    rows.append(
-                        run(kind, base, args, model_dir, data_dir, baseline)
-                        if run is kill_run
-                        else run(base, args, model_dir, data_dir, baseline)
-                    )
-                    print(f"faults: {rows[-1]}", flush=True)
+            inputs = {}
+            if any(recipe == "qwen2_5" for recipe, _, _ in args.plan):
+                inputs["qwen2_5"] = e2e.prepare_inputs(args.out, warm_start_steps=300)
+            if any(recipe == "deepseek_r1" for recipe, _, _ in args.plan):
+                inputs["deepseek_r1"] = e2e.prepare_deepseek_inputs(args.out)
+            rows, baselines = [], {}
+            for recipe, base, kind in args.plan:
+                model_dir, data_dir = inputs[recipe]
+                if args.baseline and (recipe, base) not in baselines:
+                    name = ("ds-" if recipe == "deepseek_r1" else "") + f"baseline-{base}"
+                    baselines[recipe, base] = recipe_run(recipe, name, base, args, model_dir, data_dir).rows
+                baseline = baselines.get((recipe, base))
+                if kind == "diskfull@save":
+                    rows.append(disk_full_run(base, args, model_dir, data_dir, baseline))
+                else:
+                    rows.append(kill_run(recipe, kind, base, args, model_dir, data_dir, baseline))
+                print(f"faults: {rows[-1]}", flush=True)
             write_json_atomic(args.out / "faults.json", {"rows": rows})
     except HarnessError as err:
         print(f"faults: error: {err}", file=sys.stderr)
