@@ -14,6 +14,11 @@ for real, from outside:
                 vLLM server; on verl 0.6.0's sync rollout the engine runs inside trainer rank 0, so that rank
     diskfull@save the checkpoints on a tmpfs that holds step 1's save but not step 2's beside it (root only;
                 Qwen: the size is that of its checkpoint)
+    group@gen   the whole process group while a process of the run is in step 2's generate_sequences
+    group@update  the whole process group while a trainer rank is in step 2's update_actor
+    driver@step2  only main_ppo's driver actor (TaskRunner) once step 1 is logged
+    reward@step2  every helper process of the reward (new_math_reward.py's math_verify zygote and workers)
+                once step 1 is logged: the reward replaces them, so the run itself must go on to its last step
 
 then reruns the launcher with trainer.resume_mode=auto on what the kill left. Pass: the rerun resumes from
 the newest complete checkpoint (step 1: step 2's save never finished), never from scratch and never from a
@@ -26,6 +31,7 @@ Exit status: 0 every kill passed, 1 one did not, 2 usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -47,7 +53,24 @@ from ascend_rl.harness.launch import (
 )
 from ascend_rl.paths import REPO
 
-KINDS = ("group@save", "rank@save", "engine@step2", "diskfull@save")
+KINDS = (
+    "group@save",
+    "rank@save",
+    "engine@step2",
+    "diskfull@save",
+    "group@gen",
+    "group@update",
+    "driver@step2",
+    "reward@step2",
+)
+# the kills that wait for a moment in step 2 (step 1 logged), and what the process to kill is then called: a
+# Ray actor's process title names the method it runs (ray::WorkerDict.actor_rollout_update_actor)
+STEP2_TITLES = {
+    "group@gen": ("generate_sequences",),
+    "group@update": ("update_actor",),
+    "driver@step2": ("ray::TaskRunner",),
+    "reward@step2": ("--serve-math-verify-worker",),
+}
 DISK_KIB = 7 * 1024  # one checkpoint of the e2e model is about 4.6 MiB (model, optimizer, extra, data.pt)
 # what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore;
 # verl 0.6.0's sync rollout (the guide's mode, both recipes' CPU runs there) builds the engine inside each
@@ -59,7 +82,7 @@ RECIPES = ("qwen2_5", "deepseek_r1")
 # base has no CPU run yet), and the disk-full size is the Qwen checkpoint's
 SUPPORTED = {
     "qwen2_5": {"bases": BASES, "kills": KINDS},
-    "deepseek_r1": {"bases": ("0.6.0",), "kills": ("group@save", "rank@save", "engine@step2")},
+    "deepseek_r1": {"bases": ("0.6.0",), "kills": tuple(k for k in KINDS if k != "diskfull@save")},
 }
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
@@ -160,6 +183,13 @@ def run_processes(tag: str) -> list[int]:
     return found
 
 
+def _is_reward_helper(pid: int) -> bool:
+    try:
+        return STEP2_TITLES["reward@step2"][0].encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def recipe_run(recipe: str, name: str, base: str, args, model_dir: Path, data_dir: Path, **kwargs):
     """One run of the recipe launcher's CPU profile with this script's overrides (launch() does the rest)."""
     return launch(
@@ -223,17 +253,19 @@ def kill_run(
                 return None
             pid, path = hits[0].read_text().split(" ", 1)
             return int(pid), Path(path.strip()).relative_to(ckpt_root(args.out, name)).as_posix()
-        # engine@step2: once step 1 is logged (its checkpoint is saved before that), the engine dies in step 2
+        # the rest: once step 1 is logged (its checkpoint is saved before that), a process in step 2
         metrics = args.out / name / "metrics.jsonl"
         if not (metrics.is_file() and metrics.read_text(encoding="utf-8").strip()):
             return None
+        titles = ENGINE_TITLES[base] if kind == "engine@step2" else STEP2_TITLES[kind]
         for pid in sorted(run_processes(tag)):  # the lowest pid: the first rank started
             try:
                 title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if any(t in title for t in ENGINE_TITLES[base]):
-                return pid, f"step 2: {title.split()[0][:56]}"
+            if any(t in title for t in titles):
+                what = "reward helper" if kind == "reward@step2" else title.split()[0][:56]
+                return pid, f"step 2: {what}"
         return None
 
     def watch() -> None:
@@ -245,8 +277,15 @@ def kill_run(
             pid, where = found
             pgid = os.getpgid(pid)
             state.update(paused_in=where, pid=pid, killed_at=time.monotonic())
-            if kind == "group@save":
+            if kind.startswith("group@"):
                 os.killpg(pgid, signal.SIGKILL)
+                return
+            if kind == "reward@step2":  # the zygote and every worker it forked: the reward must replace them
+                helpers = [p for p in run_processes(tag) if _is_reward_helper(p)]
+                for helper in helpers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(helper, signal.SIGKILL)
+                state["helpers_killed"] = len(helpers)
                 return
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + args.end_within
@@ -265,9 +304,10 @@ def kill_run(
     watcher.start()
     row = {"recipe": recipe, "kind": kind, "base": base}
     try:
-        recipe_run(recipe, name, base, args, model_dir, data_dir, hook_env=hook_env)
+        result = recipe_run(recipe, name, base, args, model_dir, data_dir, hook_env=hook_env)
         row["killed_run"] = "finished (the kill point was never reached)"
     except HarnessError as err:
+        result = None
         row["killed_run"] = str(err).split(":", 1)[0]
     state["done"] = True
     ended = time.monotonic()
@@ -275,6 +315,18 @@ def kill_run(
     if "killed_at" not in state:
         return {**row, "ok": False, "why": "the save never reached the kill point"}
     row["paused_in"] = state["paused_in"]
+    if kind == "reward@step2":  # the run must survive its reward's helpers: no rerun
+        row["killed_run"] = "finished" if result is not None else row["killed_run"]
+        row["helpers_killed"] = state.get("helpers_killed", 0)
+        row["left"], row["left_names"] = leftovers(tag)
+        steps = [r["step"] for r in result.rows] if result is not None else []
+        row.update(rerun_steps=steps, steps_lost=0 if steps == list(range(1, STEPS + 1)) else None)
+        row["ok"] = steps == list(range(1, STEPS + 1)) and row["helpers_killed"] > 0 and row["left"] == 0
+        if not row["ok"]:
+            row["why"] = (
+                "the run did not finish its steps after its reward helpers were killed, or left processes"
+            )
+        return row
     row["ended_s"] = round(ended - state["killed_at"], 1)
     row["ended_by_itself"] = not state.get("forced", False)
     row["left"], row["left_names"] = leftovers(tag)
