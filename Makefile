@@ -17,10 +17,11 @@ setup:
 	@bash scripts/setup_dev.sh
 
 # Two pytest workers (pytest-xdist): the tests that need the e2e environment run one after another on one of
-# them (tests/conftest.py groups them), the rest of the suite on the other. TEST_WORKERS=0 runs it in one process.
+# them, the rest of the suite on the other, file by file (tests/conftest.py's scheduler). TEST_WORKERS=0 runs it
+# in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=30
 
 # DEMO_ARGS passes options to ascend_rl/harness/demo.py (e.g. DEMO_ARGS="--steps 8").
 demo: e2e-setup

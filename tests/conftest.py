@@ -154,16 +154,26 @@ def e2e_python() -> Path:
 
 
 # Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo: each takes
-# both cores and up to 10 GiB. Under `make test` (pytest-xdist, --dist loadgroup) they form one group that a
-# single worker runs one after another, while the other worker takes the rest of the suite; two of them side by
-# side would not fit in 24 GiB. Every other test is grouped by its file, so that a file's module fixtures (a
-# patched tree, a demo run) are built once, on one worker. Without xdist the marks do nothing.
+# both cores and up to 10 GiB. Under `make test` (pytest-xdist) the files that use it form one unit of work that a
+# single worker runs one after another, while the other worker takes the rest of the suite file by file (a file's
+# module fixtures, a patched tree or a demo run, are then built once); two of them side by side would not fit in
+# 24 GiB. Set by scheduler rather than by xdist_group marks: xdist 3.8's loadgroup renames test ids in a way
+# pytest 9 no longer reads, so its groups are ignored. Without xdist this does nothing.
 E2E_GROUP = "e2e-environment"
+TESTS = Path(__file__).resolve().parent
+E2E_FILES = {
+    path.relative_to(TESTS.parent).as_posix()
+    for path in TESTS.rglob("test_*.py")
+    if "e2e_python" in path.read_text(encoding="utf-8")
+}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "e2e_python" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
-        else:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileAndE2EScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return E2E_GROUP if path in E2E_FILES else path
+
+    return FileAndE2EScheduling(config, log)
