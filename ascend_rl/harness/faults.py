@@ -222,6 +222,18 @@ def compare(rerun: list[dict], baseline: list[dict], step: int = 2) -> dict:
     return {"max_abs_diff": max(diffs.values()) if diffs else None, "diffs": diffs}
 
 
+def children(pid: int) -> list[str]:
+    """The command lines of pid's child processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:100])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def leftovers(tag: str, settle_s: float = 15.0) -> tuple[int, list[str]]:
     """The run's processes still alive settle_s after it ended (Ray's helpers outside the launcher's process
     group notice their raylet's death and exit on their own within a few seconds), with their commands."""
@@ -275,8 +287,11 @@ def kill_run(
                 time.sleep(0.2)
                 continue
             pid, where = found
-            pgid = os.getpgid(pid)
-            state.update(paused_in=where, pid=pid, killed_at=time.monotonic())
+            try:
+                pgid = os.getpgid(pid)
+            except ProcessLookupError:  # it ended between the look and now: look again
+                continue
+            state.update(paused_in=where, pid=pid, children=children(pid), killed_at=time.monotonic())
             if kind.startswith("group@"):
                 os.killpg(pgid, signal.SIGKILL)
                 return
@@ -300,6 +315,10 @@ def kill_run(
     hook_env = {"RECIPES_FAULT_MARKER": tag}
     if kind.endswith("@save"):
         hook_env["RECIPES_FAULT_PAUSE_SAVE"] = PAUSE_AT
+    # a marker left by an earlier run in this folder would name a process long gone (launch() clears the folder,
+    # but only once it starts, after the watcher)
+    for stale in marker.parent.glob(marker.name + ".*") if marker.parent.is_dir() else ():
+        stale.unlink()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     row = {"recipe": recipe, "kind": kind, "base": base}
@@ -315,6 +334,9 @@ def kill_run(
     if "killed_at" not in state:
         return {**row, "ok": False, "why": "the save never reached the kill point"}
     row["paused_in"] = state["paused_in"]
+    row["children_at_kill"] = state.get(
+        "children", []
+    )  # what the killed process had forked (they outlive it)
     if kind == "reward@step2":  # the run must survive its reward's helpers: no rerun
         row["killed_run"] = "finished" if result is not None else row["killed_run"]
         row["helpers_killed"] = state.get("helpers_killed", 0)
