@@ -145,7 +145,7 @@ def test_a_dry_run_leaves_every_byte_of_the_users_tree_and_model_folder(tmp_path
     changes = proc.stdout.split("a real launch changes, before the trainer starts:\n")[1].split(
         "key settings:"
     )[0]
-    n = len(load_recipe("qwen2_5", "0.6.0").series)  # the series as the manifest has it, not a count kept here
+    n = len(load_recipe("qwen2_5", "0.6.0").series)  # the manifest's series, not a count kept here
     assert f"verl tree: apply the {n} patches of qwen2_5 (verl 0.6.0) to {verl_tree}" in changes
     assert f"back up {model}/tokenizer_config.json" in changes and "install " in changes
     plan = json.loads(run_launcher(QWEN, ["--dry-run", "--json"], env).stdout)
