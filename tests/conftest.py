@@ -153,27 +153,39 @@ def e2e_python() -> Path:
     return python
 
 
-# Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo: each takes
-# both cores and up to 10 GiB. Under `make test` (pytest-xdist) the files that use it form one unit of work that a
-# single worker runs one after another, while the other worker takes the rest of the suite file by file (a file's
-# module fixtures, a patched tree or a demo run, are then built once); two of them side by side would not fit in
-# 24 GiB. Set by scheduler rather than by xdist_group marks: xdist 3.8's loadgroup renames test ids in a way
-# pytest 9 no longer reads, so its groups are ignored. Without xdist this does nothing.
-E2E_GROUP = "e2e-environment"
+# Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo, for minutes each.
+# Under `make test` (pytest-xdist, two workers) they form two units of work, the fault runs and the rest, that
+# start first, one on each worker; every other file is a unit of its own (its module fixtures, a patched tree or a
+# demo run, are then built once) and goes to whichever worker is free. One e2e workload per worker: two fit in the
+# 24 GiB (about 5-8 GiB each), three would not. The scheduler is set here rather than by xdist_group marks: xdist
+# 3.8's loadgroup renames test ids in a way pytest 9 no longer reads, so its groups are ignored. Without xdist
+# only the order changes.
 TESTS = Path(__file__).resolve().parent
 E2E_FILES = {
     path.relative_to(TESTS.parent).as_posix()
     for path in TESTS.rglob("test_*.py")
     if "e2e_python" in path.read_text(encoding="utf-8")
 }
+FAULTS_FILE = "tests/harness/test_faults.py"
+
+
+def _unit(path: str) -> str:
+    if path == FAULTS_FILE:
+        return "e2e-faults"
+    return "e2e-runs" if path in E2E_FILES else path
+
+
+def pytest_collection_modifyitems(config, items):
+    # the two long units first, so that they start at once and side by side
+    rank = {"e2e-faults": 0, "e2e-runs": 1}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid.split("::", 1)[0]), 2))
 
 
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class FileAndE2EScheduling(LoadScopeScheduling):
+    class E2EUnitsFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return E2E_GROUP if path in E2E_FILES else path
+            return _unit(nodeid.split("::", 1)[0])
 
-    return FileAndE2EScheduling(config, log)
+    return E2EUnitsFirst(config, log)
