@@ -16,9 +16,9 @@ help:
 setup:
 	@bash scripts/setup_dev.sh
 
-# Two pytest workers (pytest-xdist): the fault runs on one and the other tests that need the e2e environment on
-# the other, both first; the rest of the suite file by file on whichever is free (tests/conftest.py's
-# scheduler). TEST_WORKERS=0 runs it in one process.
+# Two pytest workers (pytest-xdist), each given whole files; the fault runs and the other tests that need the
+# e2e environment are two such units, so at most one runs on each worker (tests/conftest.py's scheduler).
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=30

@@ -332,11 +332,10 @@ def kill_run(
     ended = time.monotonic()
     watcher.join(5)
     if "killed_at" not in state:
-        return {**row, "ok": False, "why": "the save never reached the kill point"}
+        return {**row, "ok": False, "why": "the run never reached the kill point"}
     row["paused_in"] = state["paused_in"]
-    row["children_at_kill"] = state.get(
-        "children", []
-    )  # what the killed process had forked (they outlive it)
+    # what the killed process had forked: a child holding its connection to Ray hides its death (ds-0011)
+    row["children_at_kill"] = state.get("children", [])
     if kind == "reward@step2":  # the run must survive its reward's helpers: no rerun
         row["killed_run"] = "finished" if result is not None else row["killed_run"]
         row["helpers_killed"] = state.get("helpers_killed", 0)
