@@ -17,7 +17,7 @@ setup:
 	@bash scripts/setup_dev.sh
 
 # Two pytest workers (pytest-xdist), each given whole files; the fault runs and the other tests that need the
-# e2e environment are two such units, so at most one runs on each worker (tests/conftest.py's scheduler).
+# e2e environment are two such units, started first, one on each worker (tests/conftest.py's scheduler).
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: setup

@@ -154,12 +154,12 @@ def e2e_python() -> Path:
 
 
 # Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo, for minutes each.
-# Under `make test` (pytest-xdist, two workers) they form two units of work, the fault runs and the rest, which
-# xdist hands to the two workers like any other unit; every other file is a unit of its own (its module fixtures,
-# a patched tree or a demo run, are then built once). At most one e2e workload per worker: two fit in the 24 GiB
-# (about 5-8 GiB each), three would not. The units are set by a scheduler rather than by xdist_group marks: xdist
-# 3.8's loadgroup renames test ids in a way pytest 9 no longer reads, so its groups are ignored. Without xdist
-# nothing changes.
+# Under `make test` (pytest-xdist, two workers) they form two units of work, the fault runs and the rest, that
+# start first, one on each worker; every other file is a unit of its own (its module fixtures, a patched tree or a
+# demo run, are then built once) and goes to whichever worker is free. At most one e2e workload per worker: two
+# fit in the 24 GiB (about 5-8 GiB each), three would not. The units are set by a scheduler rather than by
+# xdist_group marks: xdist 3.8's loadgroup renames test ids in a way pytest 9 no longer reads, so its groups are
+# ignored. Without xdist only the order of the tests changes.
 TESTS = Path(__file__).resolve().parent
 E2E_FILES = {
     path.relative_to(TESTS.parent).as_posix()
@@ -167,6 +167,7 @@ E2E_FILES = {
     if "e2e_python" in path.read_text(encoding="utf-8")
 }
 FAULTS_FILE = "tests/harness/test_faults.py"
+FIRST = {"e2e-faults": 0, "e2e-runs": 1}  # the two long units, first
 
 
 def _unit(path: str) -> str:
@@ -175,11 +176,17 @@ def _unit(path: str) -> str:
     return "e2e-runs" if path in E2E_FILES else path
 
 
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: FIRST.get(_unit(item.nodeid.split("::", 1)[0]), len(FIRST)))
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class E2EUnits(LoadScopeScheduling):
+    class E2EUnitsFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid.split("::", 1)[0])
 
-    return E2EUnits(config, log)
+    # the units in the collection's order (above), not xdist's default of the largest first
+    config.option.loadscopereorder = False
+    return E2EUnitsFirst(config, log)
