@@ -5,8 +5,9 @@ Qwen: FSDP2, one rank; DeepSeek: the Megatron actor on 2 gloo ranks), a checkpoi
 the harness's hook pauses the step-2 save at a trainer rank's first torch.save and the script kills the
 run's whole process group or only that rank, or it kills the vLLM engine's process in step 2 (verl 0.7.1's
 server; on 0.6.0's sync rollout the trainer rank that runs it), or (Qwen 0.6.0) the checkpoints sit on a
-tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. The CI plan below is one
-kill of each kind per recipe and base; `python -m ascend_rl faults` with no options runs the whole matrix.
+tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. The CI plan below kills,
+on each recipe, the whole group inside a save, a trainer rank and the engine, and fills the disk once;
+`python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
 """
 
 from __future__ import annotations
