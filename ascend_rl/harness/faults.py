@@ -165,7 +165,7 @@ def overrides(recipe: str, base: str) -> list[str]:
 
 
 def run_name(recipe: str, kind: str, base: str) -> str:
-    """The run's folder under --out (and, prefixed faults_, its RUN_NAME)."""
+    """A run's folder under --out (and, prefixed faults_, its RUN_NAME): a kill's, or the baseline's."""
     return ("ds-" if recipe == "deepseek_r1" else "") + f"{kind.replace('@', '-')}-{base}"
 
 
@@ -183,11 +183,16 @@ def run_processes(tag: str) -> list[int]:
     return found
 
 
-def _is_reward_helper(pid: int) -> bool:
+def cmdline(pid: int) -> str | None:
+    """pid's command line (Ray's actors: their process title), or None once it has ended."""
     try:
-        return STEP2_TITLES["reward@step2"][0].encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
-        return False
+        return None
+
+
+def _is_reward_helper(pid: int) -> bool:
+    return STEP2_TITLES["reward@step2"][0] in (cmdline(pid) or "")
 
 
 def recipe_run(recipe: str, name: str, base: str, args, model_dir: Path, data_dir: Path, **kwargs):
@@ -228,7 +233,7 @@ def children(pid: int) -> list[str]:
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:100])
+                found.append((cmdline(int(entry.name)) or "")[:100])
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -240,12 +245,7 @@ def leftovers(tag: str, settle_s: float = 15.0) -> tuple[int, list[str]]:
     deadline = time.monotonic() + settle_s
     while (pids := run_processes(tag)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    names = []
-    for pid in pids:
-        try:
-            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
-        except OSError:
-            continue
+    names = [name[:120] for name in map(cmdline, pids) if name is not None]
     return len(names), names
 
 
@@ -271,11 +271,8 @@ def kill_run(
             return None
         titles = ENGINE_TITLES[base] if kind == "engine@step2" else STEP2_TITLES[kind]
         for pid in sorted(run_processes(tag)):  # the lowest pid: the first rank started
-            try:
-                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if any(t in title for t in titles):
+            title = cmdline(pid)
+            if title is not None and any(t in title for t in titles):
                 what = "reward helper" if kind == "reward@step2" else title.split()[0][:56]
                 return pid, f"step 2: {what}"
         return None
@@ -465,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             for recipe, base, kind in args.plan:
                 model_dir, data_dir = inputs[recipe]
                 if args.baseline and (recipe, base) not in baselines:
-                    name = ("ds-" if recipe == "deepseek_r1" else "") + f"baseline-{base}"
+                    name = run_name(recipe, "baseline", base)
                     baselines[recipe, base] = recipe_run(recipe, name, base, args, model_dir, data_dir).rows
                 baseline = baselines.get((recipe, base))
                 if kind == "diskfull@save":
