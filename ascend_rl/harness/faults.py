@@ -78,11 +78,10 @@ DISK_KIB = 7 * 1024  # one checkpoint of the e2e model is about 4.6 MiB (model, 
 ENGINE_TITLES = {"0.6.0": ("WorkerDict",), "0.7.1": ("vLLMHttpServer", "EngineCore")}
 BASES = ("0.6.0", "0.7.1")
 RECIPES = ("qwen2_5", "deepseek_r1")
-# the bases and kills each recipe's CPU run supports: the DeepSeek recipe's run is on verl 0.6.0 only (its 0.7.1
-# base has no CPU run yet), and the disk-full size is the Qwen checkpoint's
+# the bases and kills each recipe's CPU run supports: the disk-full size is the Qwen checkpoint's
 SUPPORTED = {
     "qwen2_5": {"bases": BASES, "kills": KINDS},
-    "deepseek_r1": {"bases": ("0.6.0",), "kills": tuple(k for k in KINDS if k != "diskfull@save")},
+    "deepseek_r1": {"bases": BASES, "kills": tuple(k for k in KINDS if k != "diskfull@save")},
 }
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
@@ -148,14 +147,17 @@ def plan(
 
 def overrides(recipe: str, base: str) -> list[str]:
     """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 run on 0.7.1; DeepSeek: its
-    deepseek run, without the reshard report), saving every step, keeping one."""
+    deepseek or deepseek-v071 run, without the reshard report), saving every step, keeping one."""
     ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=REPO / "e2e_out")
     mine = {
         "trainer.save_freq": "1",
         "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.resume_mode": "auto",
     }
-    name = e2e.DEEPSEEK if recipe == "deepseek_r1" else "sync" if base == "0.6.0" else "v071"
+    if recipe == "deepseek_r1":
+        name = e2e.DEEPSEEK if base == "0.6.0" else "deepseek-v071"
+    else:
+        name = "sync" if base == "0.6.0" else "v071"
     kept = [
         o
         for o in e2e.run_overrides(name, ns)

@@ -86,3 +86,16 @@ CPU_OVERRIDES=(
   'trainer.logger=[console,file]'
   trainer.resume_mode=disable
 )
+
+# What verl 0.7.1 (--base 0.7.1: its server-mode rollout, one vLLM server per process here) needs on top on CPU
+# (sleep mode, which vLLM's CPU platform lacks, is already off: the launcher's explicit offload): one agent-loop
+# worker and one reward-loop worker instead of 8 each (each ~1 GiB; 8 would not divide 2 x 2 samples), and one
+# idle Ray worker fewer.
+if [ "${VERL_BASE:-}" = 0.7.1 ]; then
+  CPU_OVERRIDES+=(
+    actor_rollout_ref.rollout.agent.num_workers=1
+    reward.num_workers=1
+  )
+  export RAY_num_workers_soft_limit="${RAY_num_workers_soft_limit:-1}"
+  LAUNCH_ENV+=(RAY_num_workers_soft_limit)
+fi

@@ -2,8 +2,11 @@
 # DeepSeek-R1 GRPO on a 128-card Atlas A3 SuperPoD (16 nodes x 16 dies), Megatron + MindSpeed
 # training, vLLM-Ascend rollout. Run on the head node once ray_start.sh has run on every node.
 #
-#   bash run_deepseek_r1_a3.sh [--variant real|random] [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
+#   bash run_deepseek_r1_a3.sh [--variant real|random] [--base VERSION] [--dry-run [--json]] [--cpu] [--help]
+#                              [hydra.override=value ...]
 #
+# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the sync rollout, every optimisation) or 0.7.1
+# (verl's own release for vLLM 0.13: the server-mode rollout); default: recipe.toml's default_base.
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
 # Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
@@ -20,8 +23,7 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
-# The verl base (VERL_BASE; default recipe.toml's default_base, the only one this recipe has: 0.6.0).
-VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")}"
+VERL_BASE="${VERL_BASE:-}"
 
 VARIANT=real
 PROFILE="${PROFILE:-npu}"
@@ -36,10 +38,16 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY_RUN=(--dry-run); shift ;;
     --json) DRY_RUN=(--dry-run); JSON=(--json); shift ;;
     --cpu) PROFILE=cpu; shift ;;
+    --base=*) VERL_BASE="${1#--base=}"; shift ;;
+    --base)
+      [ $# -gt 1 ] || { echo "$(basename "$0"): --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
+      VERL_BASE="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
+# The base: --base / VERL_BASE, else recipe.toml's default_base (the preflight refuses one the recipe lacks).
+[ -n "$VERL_BASE" ] || VERL_BASE="$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")"
 
 # shellcheck source=llm_rl/deepseek_r1/env.sh
 source "$RECIPE_DIR/env.sh"
@@ -128,17 +136,6 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # The seed found sleep mode not freeing device memory across A3 nodes: patch ds-0004's explicit weight
-  # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
-  # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
-  # (README, "Sleep mode or explicit offload"), graph mode instead:
-  #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
-  actor_rollout_ref.rollout.mode=sync
-  actor_rollout_ref.rollout.explicit_offload=True
-  actor_rollout_ref.rollout.enforce_eager=True
-  # vLLM-Ascend 0.13.0 additional_config, declared by patch ds-0003 (the seed's 0.9-era torchair and
-  # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
-  'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
   # Weight sync: each routed expert only to the rollout ranks that keep it (patch ds-0006), by this recipe's
   # moe_reshard.py, which every Ray worker finds through RECIPE_MOE_RESHARD_DIR.
   actor_rollout_ref.rollout.expert_reshard=alltoallv
@@ -159,12 +156,42 @@ OVERRIDES=(
   trainer.experiment_name="$RUN_NAME"
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
 )
+# What each base's rollout takes.
+case "$VERL_BASE" in
+  0.6.0) OVERRIDES+=(
+    # The seed found sleep mode not freeing device memory across A3 nodes: patch ds-0004's explicit weight
+    # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
+    # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
+    # (README, "Sleep mode or explicit offload"), graph mode instead:
+    #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
+    actor_rollout_ref.rollout.mode=sync
+    actor_rollout_ref.rollout.explicit_offload=True
+    actor_rollout_ref.rollout.enforce_eager=True
+    # vLLM-Ascend 0.13.0 additional_config, declared by patch ds-0003 (the seed's 0.9-era torchair and
+    # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
+    'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
+  ) ;;
+  *) OVERRIDES+=(
+    # verl 0.7.1 has only the server-mode rollout. Explicit offload as on 0.6.0, in the server's release /
+    # resume (patch ds-0104; vLLM-Ascend 0.13.0's sleep mode still leaves device memory behind), so sleep
+    # mode is off (0.7.1's rollout config has no key for it, hence the +) and the engine runs eager.
+    actor_rollout_ref.rollout.mode=async
+    actor_rollout_ref.rollout.explicit_offload=True
+    actor_rollout_ref.rollout.enforce_eager=True
+    +actor_rollout_ref.rollout.enable_sleep_mode=False
+    # declared on 0.7.1 by patch ds-0103; the server hands it to vLLM-Ascend as JSON
+    'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
+    # 0.7.1 exports the actor's weights through mbridge by default; per_tensor_generator (verl's own weight
+    # converter) is where patch ds-0106 routes each expert to its rollout ranks
+    actor_rollout_ref.actor.megatron.use_mbridge=False
+  ) ;;
+esac
 case "$VARIANT" in
   real) OVERRIDES+=(
     actor_rollout_ref.rollout.data_parallel_size=64
     actor_rollout_ref.rollout.expert_parallel_size=128
     # 8192 -> 1024 against the real-weight OOM (seed); below max_model_len 4096, so it needs chunked prefill
-    # and patch ds-0007 (verl 0.6.0 refused the pair; vLLM 0.13 accepts it)
+    # and, on 0.6.0, patch ds-0007 (verl 0.6.0 refused the pair; 0.7.1 and vLLM 0.13 accept it)
     actor_rollout_ref.rollout.max_num_batched_tokens=1024
     actor_rollout_ref.rollout.enable_chunked_prefill=True
     actor_rollout_ref.actor.megatron.use_dist_checkpointing=True

@@ -39,7 +39,7 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="session")
 def e2e_run(e2e_python, tmp_path_factory):
     """sync, async and resume runs (verl 0.6.0) and v071, v071-resume (verl 0.7.1) through the Qwen launcher's
-    CPU profile and the deepseek run through the DeepSeek launcher's, as `make e2e` does them."""
+    CPU profile and the deepseek runs (one per base) through the DeepSeek launcher's, as `make e2e` does them."""
     out = tmp_path_factory.mktemp("e2e") / "e2e_out"
     proc, summary = _e2e(e2e_python, out)
     return proc, summary, out
@@ -77,48 +77,55 @@ def test_the_0_7_1_base_trains_and_resumes_through_its_server_mode_rollout(e2e_r
     assert all(c["ok"] for c in summary["checks"] if c["run"].startswith("v071")), summary["checks"]
 
 
-@pytest.mark.parametrize("run", ["sync", "async", "resume", "v071", "v071-resume", "deepseek"])
+@pytest.mark.parametrize(
+    "run", ["sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071"]
+)
 def test_vllm_samples_from_the_updated_weights(e2e_run, run):
     """At the last step the policy has moved (stale gap >= 0.01) and vLLM's gap is a fifth of that or less."""
     proc, summary, _ = e2e_run
     assert summary, _tail(proc)
     r = summary["runs"][run]
     gap = r["gap"]  # probs for Qwen; log_probs for the random-weight DeepSeek policy (p ~ 1/vocabulary)
-    assert gap == ("log_probs" if run == "deepseek" else "probs")
+    assert gap == ("log_probs" if run.startswith("deepseek") else "probs")
     stale, rollout = r[f"stale_{gap}_diff_mean"][-1], r[f"rollout_{gap}_diff_mean"][-1]
     assert stale >= 0.01, f"{run}: the policy barely moved (stale gap {stale}); the check would prove nothing"
     assert rollout <= stale / 5, f"{run}: rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
 
 
-def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e2e_run):
+@pytest.mark.parametrize("name, base, syncs", [("deepseek", "0.6.0", 3), ("deepseek-v071", "0.7.1", 4)])
+def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e2e_run, name, base, syncs):
     """main_ppo with the Megatron actor: one actor forward per step, every rank's AlltoAllV bytes per sync equal
-    to the planner's and to the model's arithmetic, the reference starting from the actor's weights."""
+    to the planner's and to the model's arithmetic, the reference starting from the actor's weights. verl 0.7.1
+    (its server-mode rollout) syncs once more than 0.6.0: before step 1 and after every update."""
     proc, summary, out = e2e_run
     assert summary, _tail(proc)
-    run = summary["runs"]["deepseek"]
+    run = summary["runs"][name]
+    assert run["base"] == base
     assert run["steps_done"] == [1, 2, 3]
-    rows = [json.loads(line) for line in (out / "deepseek" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3], "verl's file logger"
     assert all("critic/score/mean" in r["data"] and r["data"]["actor/grad_norm"] > 0 for r in rows)
     assert run["forward_passes"] == [1, 1, 1] and run["old_log_prob_pass"] == [False, False, False]
     expected = run["reshard_expected_recv_bytes"]
     assert expected and expected > 0
-    assert {(r["sync"], r["rank"]) for r in run["reshard"]} == {(s, k) for s in (1, 2, 3) for k in (0, 1)}
+    assert {(r["sync"], r["rank"]) for r in run["reshard"]} == {
+        (s, k) for s in range(1, syncs + 1) for k in (0, 1)
+    }
     for r in run["reshard"]:
         assert r["recv_bytes"] == r["plan_recv_bytes"] == expected, r
         # two ranks: what one receives, the other sent
         assert r["sent_bytes"] == r["plan_sent_bytes"] == expected, r
     assert run["stale_log_probs_diff_mean"][0] <= 1e-6, "the reference is not the initial actor (ds-0009)"
-    assert all(c["ok"] for c in summary["checks"] if c["run"] == "deepseek"), summary["checks"]
+    assert all(c["ok"] for c in summary["checks"] if c["run"] == name), summary["checks"]
 
 
-@pytest.mark.parametrize("run", ["sync", "v071", "deepseek"])
+@pytest.mark.parametrize("run", ["sync", "v071", "deepseek", "deepseek-v071"])
 def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, e2e_run, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout, the same check fails."""
     out = tmp_path / "e2e_nosync"
     out.mkdir()
     # the same tiny model and data (e2e.py reuses them by their stamp)
-    if run == "deepseek":
+    if run.startswith("deepseek"):
         shutil.copytree(e2e_run[2] / "deepseek_inputs", out / "deepseek_inputs")
     else:
         for inputs in ("model", "data"):

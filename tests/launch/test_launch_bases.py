@@ -69,3 +69,29 @@ def test_the_0_7_1_base_launches_its_server_mode_rollout_and_cpu_additions(tmp_p
     npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
     assert npu["overrides"]["actor_rollout_ref.rollout.mode"] == "async"
     assert "reward.num_workers" not in npu["overrides"] and "RAY_num_workers_soft_limit" not in npu["env"]
+
+
+def test_the_deepseek_launcher_on_0_7_1_takes_the_server_mode_rollout_and_its_ports(
+    tmp_path, base_tree, pristine_base
+):
+    """--base 0.7.1: async rollout, explicit offload with sleep mode off (ds-0104), the AlltoAllV routing through
+    per_tensor_generator (ds-0106, so mbridge off), additional_config without + (ds-0103)."""
+    from ascend_rl import overlay
+
+    tree = base_tree("0.7.1")
+    overlay.apply_series(manifest.load_recipe("deepseek_r1", "0.7.1"), tree)
+    env = launcher_env(tmp_path, tree)
+    env.pop("VERL_BASE")
+    plan = dry_run_plan(run_launcher(LAUNCHERS[2], ["--base", "0.7.1", "--dry-run", "--json"], env))
+    assert plan["verl"]["version"] == plan["verl"]["base"]["version"] == "0.7.1"
+    final = plan["overrides"]
+    assert final["actor_rollout_ref.rollout.mode"] == "async"
+    assert final["actor_rollout_ref.rollout.explicit_offload"] == "True"
+    assert final["actor_rollout_ref.rollout.enable_sleep_mode"] == "False"
+    assert final["actor_rollout_ref.rollout.enforce_eager"] == "True"
+    assert final["actor_rollout_ref.actor.megatron.use_mbridge"] == "False"
+    assert final["actor_rollout_ref.rollout.expert_reshard"] == "alltoallv"
+    assert (
+        "multistream_overlap_shared_expert"
+        in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]
+    )
