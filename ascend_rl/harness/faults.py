@@ -364,6 +364,9 @@ def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
     row["said"] = said[-1] if said else None  # the launcher's one line on a failed run (run_failure.py)
     ckpt = ckpt_root(args.out, name)
     row["folders"] = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
+    # the step the rerun must resume from: the newest checkpoint the killed run completed (shared-0012's
+    # marker); 1 for a kill inside step 2's save, 2 when a kill in step 2 landed after that step's save
+    row["newest_complete"] = newest_complete(ckpt)
 
     rerun = f"{name}-rerun"
 
@@ -379,10 +382,29 @@ def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
     row["steps_lost"] = 2 - row["resumed_from"] if row["resumed_from"] is not None else None
     if baseline is not None:
         row["vs_uninterrupted"] = compare(result.rows, baseline)
-    row["ok"] = row["resumed_from"] == 1 and steps == list(range(2, STEPS + 1)) and row["left"] == 0
+    want = row["newest_complete"]
+    row["ok"] = (
+        want is not None
+        and row["resumed_from"] == want
+        and steps == list(range(want + 1, STEPS + 1))
+        and row["left"] == 0
+    )
     if not row["ok"]:
-        row["why"] = "resumed from the wrong step, did not finish, or left processes behind"
+        row["why"] = (
+            f"resumed from {row['resumed_from']}, not the newest complete checkpoint ({want}), did not finish, "
+            "or left processes behind"
+        )
     return row
+
+
+def newest_complete(ckpt: Path) -> int | None:
+    """The highest N of ckpt/global_step_N that carries shared-0012's checkpoint_complete marker."""
+    steps = [
+        int(p.name.removeprefix("global_step_"))
+        for p in ckpt.glob("global_step_*")
+        if p.name.removeprefix("global_step_").isdigit() and (p / "checkpoint_complete").is_file()
+    ]
+    return max(steps, default=None)
 
 
 def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: list[dict] | None) -> dict:
