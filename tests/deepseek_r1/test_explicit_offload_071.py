@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import types
 from pathlib import Path
 
@@ -33,16 +32,13 @@ UTILS = "verl/workers/rollout/vllm_rollout/utils.py"
 
 
 def patched_071(pristine: Path, dest: Path) -> Path:
-    """verl 0.7.1 with the recipe's 0.7.1 series, then this file's patches where the series does not list them yet."""
+    """verl 0.7.1 with the recipe's 0.7.1 series (which lists OURS)."""
     from ascend_rl import overlay
 
     shutil.copytree(pristine, dest, symlinks=True)
-    overlay.apply_series(overlay.load_recipe("deepseek_r1", "0.7.1"), dest)
-    with open(REPO / "llm_rl/deepseek_r1/recipe.toml", "rb") as fh:
-        series = tomllib.load(fh)["bases"]["0.7.1"]["series"]
-    for patch in OURS:
-        if patch not in series:
-            subprocess.run(["git", "apply", str(REPO / patch)], cwd=dest, check=True, capture_output=True)
+    recipe = overlay.load_recipe("deepseek_r1", "0.7.1")
+    assert all(any(str(s).endswith(patch) for s in recipe.series) for patch in OURS), recipe.series
+    overlay.apply_series(recipe, dest)
     return dest
 
 
