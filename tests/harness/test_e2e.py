@@ -119,7 +119,9 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e
     assert all(c["ok"] for c in summary["checks"] if c["run"] == name), summary["checks"]
 
 
-@pytest.mark.parametrize("run", ["sync", "v071", "deepseek", "deepseek-v071"])
+# deepseek-v071's negative control (about 5 minutes in CI) is left to a manual run to keep CI's time:
+# `python -m ascend_rl e2e --runs deepseek-v071 --disable-weight-sync` (seen failing the check: README)
+@pytest.mark.parametrize("run", ["sync", "v071", "deepseek"])
 def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, e2e_run, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout, the same check fails."""
     out = tmp_path / "e2e_nosync"
