@@ -154,10 +154,8 @@ def overrides(recipe: str, base: str) -> list[str]:
         "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.resume_mode": "auto",
     }
-    if recipe == "deepseek_r1":
-        name = e2e.DEEPSEEK if base == "0.6.0" else "deepseek-v071"
-    else:
-        name = "sync" if base == "0.6.0" else "v071"
+    runs = e2e.DEEPSEEK_RUNS if recipe == "deepseek_r1" else ("sync", "v071")
+    name = next(run for run in runs if e2e.RUN_BASE[run] == base)  # the recipe's e2e run on that base
     kept = [
         o
         for o in e2e.run_overrides(name, ns)
