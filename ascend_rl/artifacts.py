@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,14 @@ from ascend_rl.paths import REPO
 
 class DownloadError(RuntimeError):
     """An artifact could not be fetched from the package index (message says what to do)."""
+
+
+class DistributionMissing(DownloadError):
+    """The package index answered and has no such distribution or version: the pin is wrong (a failure anywhere)."""
+
+
+class IndexUnreachable(DownloadError):
+    """The package index could not be reached (connection refused, timeout, name resolution): the network."""
 
 
 class ChecksumError(RuntimeError):
@@ -56,6 +65,92 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+# pip's own words. It says "No matching distribution found" also when an index could not be reached (each index
+# page it could not fetch is a "Could not fetch URL" line of its debug log, which --log writes whatever the console
+# verbosity), so a missing distribution is one that pip reports while every index page it asked for was answered.
+# 404 / 410 for a project's page is an answer: the index has no such project. An http:// index on another host
+# without --trusted-host is not asked at all (pip warns and ignores it): no answer either.
+_NOT_FOUND = re.compile(
+    r"No matching distribution found for [^\n]*|Could not find a version that satisfies the requirement [^\n]*"
+)
+_COULD_NOT_FETCH = re.compile(r"Could not fetch URL (\S+?): (.*?) - skipping")
+_ANSWERED = re.compile(r"(404|410) Client Error")
+_NOT_ASKED = re.compile(r"The repository located at (\S+) is not a trusted or secure host")
+_NETWORK = re.compile(
+    r"Connection refused|Connection reset|Network is unreachable|No route to host|Name or service not known"
+    r"|Temporary failure in name resolution|nodename nor servname|getaddrinfo failed|NewConnectionError"
+    r"|ConnectTimeoutError|ReadTimeoutError|ConnectionError|ProxyError|Max retries exceeded|IncompleteRead"
+    r"|ProtocolError|timed out"
+)
+_SHORT = re.compile(
+    r"\[Errno -?\d+\] [^'\")\]]+|Read timed out|Connect timed out|timed out|Temporary failure in name resolution"
+    r"|Name or service not known|\d{3} (?:Client|Server) Error: [^'\")\]]+"
+)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _network_reason(text: str) -> str:
+    """The innermost cause of a network error ("[Errno 111] Connection refused"), else the text shortened."""
+    found = _SHORT.search(text)
+    return _one_line(found.group(0).strip() if found else text)
+
+
+def unreachable(requirement: str, reason: str) -> IndexUnreachable:
+    """The one-line error for `requirement` when the package index cannot be reached, `reason` saying how."""
+    return IndexUnreachable(
+        f"{requirement}: cannot reach the package index ({_one_line(reason)}): check the network"
+    )
+
+
+def pip_failure(requirement: str, output: str, log: str = "") -> DownloadError:
+    """The error a failed pip run for `requirement` stands for, from its console output and its --log file:
+    DistributionMissing when the index answered without it, IndexUnreachable when an index (or a download from
+    it) could not be reached, else a plain DownloadError with pip's last line."""
+    fetch_failures = [
+        (url, reason)
+        for url, reason in _COULD_NOT_FETCH.findall(f"{output}\n{log}")
+        if not _ANSWERED.search(reason)
+    ]
+    fetch_failures += [
+        (host, "an http:// index not given as --trusted-host, so pip ignored it")
+        for host in _NOT_ASKED.findall(f"{output}\n{log}")
+    ]
+    not_found = _NOT_FOUND.findall(output)
+    if not_found:
+        if fetch_failures:  # an index it could not ask may have it: not a verdict on the pin
+            url, reason = fetch_failures[0]
+            return unreachable(requirement, f"{url}: {_network_reason(reason)}")
+        reason = not_found[-1].split(" (from versions:", 1)[0]
+        return DistributionMissing(
+            f"{requirement} is not on the package index ({_one_line(reason)}): the pin is wrong"
+        )
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    network = [ln for ln in lines if _NETWORK.search(ln) and not ln.startswith("WARNING: Retrying")]
+    if network:
+        return unreachable(requirement, _network_reason(network[-1]))
+    last = lines[-1] if lines else "no output"
+    return DownloadError(f"pip could not get {requirement} ({_one_line(last)})")
+
+
+def _run_pip(args: list[str], requirement: str, timeout: int) -> None:
+    """Run `python -m pip <command> ...` (argv `args`), raising pip_failure's error when it fails; its debug log
+    (--log, after the command) is read for the index pages it could not fetch."""
+    with tempfile.TemporaryDirectory(prefix="recipes-pip-log-") as tmp:
+        log = Path(tmp) / "pip.log"
+        argv = [*args[:4], "--log", str(log), *args[4:]]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise unreachable(requirement, f"pip had no answer in {timeout}s") from exc
+        if proc.returncode != 0:
+            text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+            raise pip_failure(requirement, f"{proc.stdout}\n{proc.stderr}", text)
+
+
 def _pip_download(requirement: str, dest: Path, binary: bool, timeout: int) -> None:
     args = [
         sys.executable,
@@ -69,18 +164,7 @@ def _pip_download(requirement: str, dest: Path, binary: bool, timeout: int) -> N
     ]
     args += ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
     args.append(requirement)
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise DownloadError(
-            f"pip download {requirement} timed out after {timeout}s; check the network"
-        ) from exc
-    if proc.returncode != 0:
-        last = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        reason = last[-1].strip() if last else f"exit {proc.returncode}"
-        raise DownloadError(
-            f"cannot download {requirement} from the package index ({reason}); check the network"
-        )
+    _run_pip(args, requirement, timeout)
 
 
 def fetch_file(
@@ -187,14 +271,7 @@ def megatron_packages(python: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".megatron-") as tmp:
             args = [str(python), "-m", "pip", "install", "--no-deps", "--only-binary", ":all:"]
             args += ["--disable-pip-version-check", "-q", "--target", tmp, *pins]
-            try:
-                proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
-            except subprocess.TimeoutExpired as exc:
-                raise DownloadError(f"pip install {' '.join(pins)} timed out; check the network") from exc
-            if proc.returncode != 0:
-                last = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-                reason = last[-1].strip() if last else f"exit {proc.returncode}"
-                raise DownloadError(f"cannot install {' '.join(pins)} from the package index ({reason})")
+            _run_pip(args, " ".join(pins), 1800)
             Path(tmp, ".recipes-ok").write_text("\n".join(pins) + "\n")
             os.replace(tmp, folder)  # atomic: the folder appears complete, stamp included
             os.mkdir(tmp)  # so that TemporaryDirectory's clean-up finds what it made

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ascend_rl import artifacts
+from ci_policy import get_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
@@ -35,19 +36,17 @@ ENVS = "vllm_ascend/envs.py"
 
 
 def _wheel(getter, what: str) -> Path:
-    try:
-        return getter()
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"{what} unavailable: {exc}")
+    return get_artifact(what, getter)
 
 
 def ascend_wheel_path() -> Path:
-    """The vllm-ascend wheel pinned in constraints.txt (0.13.0; read as a zip, never imported), or a skip."""
+    """The vllm-ascend wheel pinned in constraints.txt (0.13.0; read as a zip, never imported); tests/ci_policy.py
+    says when its absence is a skip."""
     return _wheel(artifacts.vllm_ascend_wheel, f"vllm-ascend {artifacts.pinned('vllm-ascend')} wheel")
 
 
 def vllm_wheel_path() -> Path:
-    """The vllm wheel pinned in constraints.txt (read as a zip), or a skip."""
+    """The vllm wheel pinned in constraints.txt (read as a zip); tests/ci_policy.py says when its absence is a skip."""
     return _wheel(lambda: artifacts.wheel("vllm", artifacts.pinned("vllm")), "vllm wheel")
 
 

@@ -335,11 +335,9 @@ def _exact_requirements(wheel: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def vllm_ascend_wheel_path() -> Path:
     from ascend_rl import artifacts
+    from ci_policy import get_artifact
 
-    try:
-        return artifacts.vllm_ascend_wheel()
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"vllm-ascend wheel unavailable: {exc}")
+    return get_artifact("vllm-ascend wheel", artifacts.vllm_ascend_wheel)
 
 
 def test_vllm_ascend_exact_requirements_agree_with_the_pins(vllm_ascend_wheel_path):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from test_reward import load_reward
 
+from ci_policy import require
 from tiny_tokenizer import build_tokenizer_dir
 
-trl = pytest.importorskip("trl", reason="TRL is not installed (requirements-dev.txt pins it)")
+trl = require("trl", "requirements-dev.txt pins it")
 
 ANSWER = "\\boxed{7}"
 PROMPT = "What is 3 + 4? Answer:"

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from test_reward import REWARD_PATH, make
 
-torch = pytest.importorskip("torch")
-omegaconf = pytest.importorskip("omegaconf")
-verl_reward = pytest.importorskip("verl.trainer.ppo.reward")
+from ci_policy import require
+
+# required dev dependencies (requirements-dev.txt; verl 0.6.0 from scripts/setup_dev.sh): tests/ci_policy.py
+torch = require("torch")
+omegaconf = require("omegaconf")
+verl_reward = require("verl.trainer.ppo.reward", "scripts/setup_dev.sh installs verl 0.6.0")
 from verl import DataProto  # noqa: E402
 
 ITEMS = [  # (response, ground truth, expected score)
