@@ -1,7 +1,9 @@
 """Patch identifiers, DEP-3 headers and the generated tables (ascend_rl/patchdoc.py), on the real patches.
 
-Each check is also shown to fail: on a header with the defect, a duplicate identifier, a stale table,
-a Symbols field that does not match what the diff touches in the verl 0.6.0 sdist.
+Each check is also shown to fail: on a header with the defect (among them a field given twice, a required
+field left empty, an Origin with no DEP-3 keyword, a line that is neither a field nor a continuation), a
+duplicate identifier, a stale table, a Symbols field that does not match what the diff touches in the verl
+0.6.0 sdist.
 """
 
 from __future__ import annotations
@@ -84,6 +86,62 @@ def test_a_good_header_passes_and_each_defect_is_named() -> None:
     assert any("should start with ds-" in p for p in patchdoc.check_header(misplaced))
     unnamed = _header("patches/verl/fix-padding.patch", **GOOD)
     assert any("<prefix>-<NNNN>-<slug>.patch" in p for p in patchdoc.check_header(unnamed))
+
+
+GOOD_LINES = [
+    "Description: a summary",
+    " Not forwarded: a reason.",
+    "Author: someone",
+    "Origin: vendor, https://example.org/guide",
+    "Forwarded: no",
+    "Symbols: verl.x: f",
+    "Bases: 0.6.0",
+    "Verified: a test",
+    "Needs-Hardware: none",
+    "Retire-When: upstream fixes it",
+    "Last-Update: 2026-12-01",
+]
+
+
+@pytest.mark.parametrize(
+    "lines,expected",
+    [
+        (GOOD_LINES + ["Author: someone else"], "field Author: appears 2 times"),
+        (
+            [ln if ln != "Verified: a test" else "Verified:" for ln in GOOD_LINES],
+            "missing DEP-3 field Verified:",
+        ),
+        (
+            [ln.replace("Origin: vendor,", "Origin: vendored,") for ln in GOOD_LINES],
+            "Origin: starts with 'vendored', not one of upstream, backport, vendor, other",
+        ),
+        (
+            GOOD_LINES[:3] + ["a stray line"] + GOOD_LINES[3:],
+            "header line 'a stray line' is neither a field nor a continuation",
+        ),
+    ],
+    ids=["duplicate-field", "empty-required-field", "bad-origin-keyword", "stray-line"],
+)
+def test_a_header_read_from_its_file_names_each_defect_and_nothing_else(
+    tmp_path: Path, lines: list[str], expected: str
+) -> None:
+    """read_header then check_header on a patch file: the good header passes (two Bug: URLs included, the one
+    repeatable field); a field given twice, a required field left empty, an Origin that starts with no DEP-3
+    keyword and a line that is neither a field nor a continuation are each refused, and only that is named."""
+    where = "llm_rl/deepseek_r1/patches/ds-0999-example.patch"
+    diff = ["", "diff --git a/verl/x.py b/verl/x.py", "--- a/verl/x.py", "+++ b/verl/x.py"]
+
+    def check(header_lines: list[str]) -> list[str]:
+        path = tmp_path / "ds-0999-example.patch"
+        path.write_text("\n".join(header_lines + diff) + "\n")
+        header = patchdoc.read_header(path)
+        header.path = REPO / where  # checked as if it lay in the recipe's patches folder
+        return patchdoc.check_header(header)
+
+    bugs = ["Bug: https://example.org/issues/1", "Bug: https://example.org/issues/2"]
+    assert check(GOOD_LINES + bugs) == []
+    problems = check(lines)
+    assert problems and all(p == f"{where}: {expected}" for p in problems), problems
 
 
 def test_a_duplicate_identifier_is_refused(monkeypatch, tmp_path: Path) -> None:
