@@ -1,12 +1,13 @@
 # Entry points. Each target sets up .venv first (scripts/setup_dev.sh, idempotent).
 PY := .venv/bin/python
 
-.PHONY: help setup test demo demo-inprocess dry-run lint e2e e2e-setup
+.PHONY: help setup test test-full demo demo-inprocess dry-run lint e2e e2e-setup
 
 help:
 	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU: a tiny model learns, held-out before/after"
 	@echo "make demo-inprocess  the older in-process GRPO loop (.venv only, no vLLM; --compare shows the old-log-prob skip)"
-	@echo "make test     run the test suite (what CI runs)"
+	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe (~30 min fresh)"
+	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
 	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume, DeepSeek (Megatron) on both bases"
 	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; ~7 GB, once per machine)"
 	@echo "make dry-run  fetch + patch verl, check the single-card launcher's overrides, print the command"
@@ -16,12 +17,15 @@ help:
 setup:
 	@bash scripts/setup_dev.sh
 
-# Two pytest workers (pytest-xdist), each given whole files; the fault runs and the other tests that need the
-# e2e environment are two such units, started first, one on each worker (tests/conftest.py's scheduler).
-# TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
-test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=30
+# Two pytest workers (pytest-xdist), each given whole files, the longest first (tests/conftest.py). A test's tier
+# is a marker in its own file: make test runs `-m "not full"`, make test-full everything (CONTRIBUTING.md).
+# Both set up .venv and the e2e environment first and end with the set-up and test times (scripts/run_tests.sh).
+# TEST_WORKERS=0 runs in one process; PYTEST_ARGS adds pytest options.
+test:
+	@bash scripts/run_tests.sh ci
+
+test-full:
+	@bash scripts/run_tests.sh full
 
 # DEMO_ARGS passes options to ascend_rl/harness/demo.py (e.g. DEMO_ARGS="--steps 8").
 demo: e2e-setup

@@ -1,8 +1,10 @@
 """Run a command the way the harness measures a launch: its own process group, a wall-clock limit, peak memory.
 
 A *measured run* starts the command in a session (and so a process group) of its own, writes its output to a
-log file (each line also handed to `on_line` when given), samples the summed RSS of the command and all its
-descendants (Ray's GCS and raylet, the workers, vLLM's engine) and, however it ends (exit, the timeout, an
+log file (each line also handed to `on_line` when given), samples the memory of the command and all its
+descendants (Ray's GCS and raylet, the workers, vLLM's engine): their summed PSS, the real figure (a page shared
+by n processes counts 1/n in each), and their summed RSS, which counts a shared page once per process and so
+overstates; and, however it ends (exit, the timeout, an
 exception, SIGTERM to this process), kills the whole group, so nothing it started outlives it. Only that
 group goes: another run on the machine (a second `make e2e`, a user's Ray) is left alone.
 """
@@ -28,14 +30,27 @@ class Measured:
     wall_s: float
     peak_rss_gib: float  # summed over the command's process tree, sampled every half second
     timed_out: bool
+    peak_pss_gib: float = 0.0  # the same, PSS: the memory the tree really holds
+
+
+def pss_bytes(pid: int) -> int:
+    """A process's proportional set size (/proc/<pid>/smaps_rollup), 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 class PeakMemory(threading.Thread):
-    """Samples the summed RSS of a process and all its descendants until stopped."""
+    """Samples the summed RSS and PSS of a process and all its descendants until stopped."""
 
     def __init__(self, pid: int, every_s: float = 0.5) -> None:
         super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak = pid, every_s, 0
+        self.pid, self.every_s, self.peak, self.peak_pss = pid, every_s, 0, 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -46,7 +61,7 @@ class PeakMemory(threading.Thread):
         except psutil.Error:
             return
         while not self._stop_event.is_set():
-            total = 0
+            total = pss = 0
             try:
                 procs = [root, *root.children(recursive=True)]
             except psutil.Error:
@@ -55,8 +70,10 @@ class PeakMemory(threading.Thread):
                 try:
                     total += proc.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                pss += pss_bytes(proc.pid)
             self.peak = max(self.peak, total)
+            self.peak_pss = max(self.peak_pss, pss)
             self._stop_event.wait(self.every_s)
 
     def stop(self) -> float:
@@ -143,4 +160,5 @@ def run_measured(
             peak = watch.stop() if watch is not None else 0.0
             kill_group(proc.pid)  # the session leader's pid is the group's id
             proc.wait()
-    return Measured(rc, time.perf_counter() - start, peak, timed_out.is_set())
+    pss = watch.peak_pss / 2**30 if watch is not None else 0.0
+    return Measured(rc, time.perf_counter() - start, peak, timed_out.is_set(), pss)

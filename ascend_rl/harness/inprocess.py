@@ -167,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
+    from ascend_rl.harness.launch import HarnessError, check_test_tier
+
+    try:
+        check_test_tier()
+    except HarnessError as exc:
+        print(f"demo_grpo: error: {exc}", file=sys.stderr)
+        return 1
     model_dir, data = _prepare_inputs(out, args.seed, args.verl_tree.resolve(), args.warm_start_steps)
     if args.compare:
         runs = {}

@@ -43,7 +43,10 @@ FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
 
 
 class HarnessError(Exception):
-    """A step of a harness run failed; the message is one line naming the step and what to do."""
+    """A step of a harness run failed; the message is one line naming the step and what to do. A failed launch
+    also carries how it ran (`measured`: its runner.Measured, wall time and peak memory)."""
+
+    measured = None
 
 
 @dataclass
@@ -54,6 +57,7 @@ class RunResult:
     rows: list[dict] = field(default_factory=list)
     resumed_from: int | None = None  # the checkpoint's step when verl continued from it, else None
     checkpoint_at_start: int | None = None  # the step the checkpoint tracker named before the run
+    peak_pss_gib: float = 0.0  # the real memory of the run's processes (summed PSS); peak_rss_gib overstates
 
 
 def check_interpreter() -> str:
@@ -67,6 +71,17 @@ def check_interpreter() -> str:
             f"{sys.executable} has no vLLM CPU build; run `make e2e` (it sets up .venv-e2e) "
             "or `.venv-e2e/bin/python -m ascend_rl e2e`"
         ) from None
+
+
+def check_test_tier() -> None:
+    """Under pytest, refuse a training run started by a test that carries no tier marker: tests/conftest.py sets
+    RECIPES_TEST_TIER to the running test's marker (ci or full) and the run's processes inherit it."""
+    if os.environ.get("PYTEST_CURRENT_TEST") and not os.environ.get("RECIPES_TEST_TIER"):
+        test = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
+        raise HarnessError(
+            f"{test} starts a training run but carries no tier marker; mark it pytest.mark.ci (make test) or "
+            "pytest.mark.full (make test-full) in its file (CONTRIBUTING.md)"
+        )
 
 
 def launcher_env(
@@ -122,6 +137,7 @@ def launch(
     """`bash launcher --cpu overrides` in a fresh <out>/<name>/ (seed(that folder) first, when given); the output
     goes to <out>/<name>/launcher.log, each step verl logs to the terminal. disable_weight_sync: the negative
     control (vLLM keeps the initial weights after its first sync)."""
+    check_test_tier()
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -155,18 +171,24 @@ def launch(
 
     done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
     show_new_steps()
-    if done.returncode != 0:
-        why = "timed out" if done.timed_out else f"exit status {done.returncode}"
-        raise HarnessError(f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}")
     rows = read_metrics(metrics)
-    if not rows:
-        raise HarnessError(f"{name} run logged no step to {metrics}; see {log_path}")
+    if done.returncode != 0 or not rows:
+        why = "timed out" if done.timed_out else f"exit status {done.returncode}"
+        err = HarnessError(
+            f"{name} run failed ({why}): {last_error(log_path)}; the full log is {log_path}"
+            if done.returncode != 0
+            else f"{name} run logged no step to {metrics}; see {log_path}"
+        )
+        err.measured = done
+        raise err
     print(
-        f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_rss_gib:.1f} GiB "
-        "(all processes)"
+        f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_pss_gib:.1f} GiB "
+        f"(PSS of all its processes; summed RSS {done.peak_rss_gib:.1f} GiB)"
     )
     resumed_from = resumed_step(checkpoint_at_start, rows)
-    return RunResult(name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start)
+    return RunResult(
+        name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start, done.peak_pss_gib
+    )
 
 
 @contextmanager

@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 
 from ascend_rl import artifacts
+from ci_policy import get_artifact
 from launcher_env import dry_run_plan, exported_names
 
 REPO = Path(__file__).resolve().parents[2]
 DEEPSEEK = REPO / "llm_rl" / "deepseek_r1"
 LAUNCHER = DEEPSEEK / "run_deepseek_r1_a3.sh"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
 
 
 @pytest.fixture(scope="module")
 def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
     """(e2e python, work folder, env for the launcher): model, data, a fresh verl-cpu tree path, log paths."""
-    try:
-        artifacts.megatron_packages(e2e_python)
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"megatron-core / mbridge cannot be fetched: {exc}")
+    get_artifact("megatron-core / mbridge", artifacts.megatron_packages, e2e_python)
     work = tmp_path_factory.mktemp("deepseek-cpu-profile")
     code = (
         "from pathlib import Path\n"

@@ -2,15 +2,15 @@
 
 llm_rl/deepseek_r1/check_megatron.py runs under the e2e environment (the e2e_python fixture builds it when absent),
 with megatron-core and mbridge at the constraints.txt pins in their own folder of the download cache
-(artifacts.megatron_packages; skipped with the reason when the package index cannot be reached), on verl 0.6.0
-with the DeepSeek series and the CPU overlay (cpu-0005 makes megatron-core 0.12.1 run on CPU). It builds the
-actor as ActorRolloutRefWorker.init_model does, compares MegatronPPOActor.compute_log_prob with Hugging Face's
-DeepseekV3ForCausalLM holding the weights verl's per_tensor_generator exports, runs one update_policy without
-old_log_probs (actor.recompute_old_log_prob=False, patch shared-0101's Megatron branch) and the
-rollout.expert_reshard=alltoallv export (patch ds-0006). The update is ActorRolloutRefWorker.update_actor's own,
-after the launcher's parameter / gradient / optimizer offload with explicit offload (ds-0004). Negative controls:
-HF with two routed experts swapped (in every run), and a run with one of cpu-0005's megatron-core fixes taken
-back off.
+(artifacts.megatron_packages; skipped with the reason when the package index cannot be reached, a failure under
+CI=true: tests/ci_policy.py), on verl 0.6.0 with the DeepSeek series and the CPU overlay (cpu-0005 makes
+megatron-core 0.12.1 run on CPU). It builds the actor as ActorRolloutRefWorker.init_model does, compares
+MegatronPPOActor.compute_log_prob with Hugging Face's DeepseekV3ForCausalLM holding the weights verl's
+per_tensor_generator exports, runs one update_policy without old_log_probs (actor.recompute_old_log_prob=False,
+patch shared-0101's Megatron branch) and the rollout.expert_reshard=alltoallv export (patch ds-0006). The update is
+ActorRolloutRefWorker.update_actor's own, after the launcher's parameter / gradient / optimizer offload with
+explicit offload (ds-0004). Negative controls: HF with two routed experts swapped (in every run), and a run with
+one of cpu-0005's megatron-core fixes taken back off.
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ import pytest
 
 import check_script
 from ascend_rl import artifacts
+from ci_policy import get_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "llm_rl.deepseek_r1.check_megatron"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
 TOL = 1e-4  # the script's LOGPROB_TOL; seen: 5e-7 and 1e-6 (fp32, packed THD against HF unpacked)
 
 
 @pytest.fixture(scope="module")
 def megatron_python(e2e_python, verl_sdist_path):
-    """The e2e Python, once megatron-core / mbridge are in the cache (skips with the reason when they cannot be)."""
-    try:
-        artifacts.megatron_packages(e2e_python)
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"megatron-core / mbridge cannot be fetched: {exc}")
+    """The e2e Python, once megatron-core / mbridge are in the cache (tests/ci_policy.py: a skip with the reason
+    only when the package index cannot be reached, and not under CI=true)."""
+    get_artifact("megatron-core / mbridge", artifacts.megatron_packages, e2e_python)
     return e2e_python
 
 

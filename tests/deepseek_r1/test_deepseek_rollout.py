@@ -23,7 +23,7 @@ import check_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "llm_rl.deepseek_r1.check_rollout"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ def _rows(out: Path, run: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("run", ["recompute", "skip"])
 def test_metrics_file_has_one_row_per_step(compare_run, run):
     _, out = compare_run
@@ -45,6 +46,7 @@ def test_metrics_file_has_one_row_per_step(compare_run, run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("run", ["recompute", "skip"])
 def test_loss_is_finite_and_every_response_scored(compare_run, run):
     _, out = compare_run
@@ -58,6 +60,7 @@ def test_loss_is_finite_and_every_response_scored(compare_run, run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("run", ["recompute", "skip"])
 def test_grpo_sees_mixed_rewards_and_a_policy_gradient(compare_run, run):
     rows = _rows(compare_run[1], run)
@@ -76,6 +79,7 @@ def test_grpo_sees_mixed_rewards_and_a_policy_gradient(compare_run, run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("run", ["recompute", "skip"])
 def test_weights_changed(compare_run, run):
     _, out = compare_run
@@ -84,6 +88,7 @@ def test_weights_changed(compare_run, run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_skip_runs_one_actor_forward_fewer_per_step(compare_run):
     _, out = compare_run
     assert [r["actor/forward_passes"] for r in _rows(out, "recompute")] == [2.0] * STEPS
@@ -92,6 +97,7 @@ def test_skip_runs_one_actor_forward_fewer_per_step(compare_run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_skip_gives_the_same_update(compare_run):
     _, out = compare_run
     summary = json.loads((out / "compare.json").read_text(encoding="utf-8"))
@@ -106,6 +112,7 @@ def test_skip_gives_the_same_update(compare_run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_output_a_person_reads(compare_run):
     proc, out = compare_run
     for run in ("recompute", "skip"):
@@ -118,6 +125,7 @@ def test_output_a_person_reads(compare_run):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_held_out_test_set_is_scored_before_and_after(compare_run):
     proc, out = compare_run
     assert "test accuracy (greedy, 16 held-out problems, new_math_reward.py): " in proc.stdout

@@ -9,14 +9,20 @@ The environment comes from the e2e_python fixture (conftest.py).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import tier_report
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
+# make test (CI): each recipe's default base once, with the weight-sync proof. make test-full: the rest of the
+# matrix, in the same output folder (v071-resume continues the v071 run's step-2 checkpoint).
+CI_RUNS = ("v071", "deepseek")
+FULL_RUNS = ("sync", "async", "resume", "v071-resume", "deepseek-v071")
+QWEN_RUNS = ("sync", "async", "resume", "v071", "v071-resume")
 
 
 def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -37,52 +43,91 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="session")
-def e2e_run(e2e_python, tmp_path_factory):
-    """sync, async and resume runs (verl 0.6.0) and v071, v071-resume (verl 0.7.1) through the Qwen launcher's
-    CPU profile and the deepseek runs (one per base) through the DeepSeek launcher's, as `make e2e` does them."""
-    out = tmp_path_factory.mktemp("e2e") / "e2e_out"
-    proc, summary = _e2e(e2e_python, out)
-    return proc, summary, out
+def e2e_out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e") / "e2e_out"
 
 
-def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_run):
-    proc, summary, out = e2e_run
+@pytest.fixture(scope="session")
+def e2e_default(e2e_python, e2e_out):
+    """v071 (Qwen's default base, verl 0.7.1, through its server-mode rollout) and deepseek (the DeepSeek
+    launcher's default, verl 0.6.0, the Megatron actor on 2 ranks), as `make e2e --runs v071,deepseek` runs them."""
+    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS))
+    tier_report.record_e2e("test_e2e", summary, list(CI_RUNS))
+    return proc, summary, e2e_out
+
+
+@pytest.fixture(scope="session")
+def e2e_matrix(e2e_python, e2e_default, e2e_out):
+    """The rest of `make e2e`: sync, async and resume (verl 0.6.0), v071-resume (from the v071 run's checkpoint,
+    which e2e_default wrote), deepseek-v071."""
+    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(FULL_RUNS))
+    tier_report.record_e2e("test_e2e", summary, list(FULL_RUNS))
+    return proc, summary, e2e_out
+
+
+def _runs(request, run: str):
+    """The e2e command that ran `run`: the default runs' (make test) or the matrix's (make test-full)."""
+    return request.getfixturevalue("e2e_default" if run in CI_RUNS else "e2e_matrix")
+
+
+def _full(*runs: str, ci: tuple[str, ...] = CI_RUNS) -> list:
+    """The runs as parameters, each carrying its tier: ci for those in `ci`, full for the rest."""
+    return [pytest.param(r, marks=pytest.mark.ci if r in ci else pytest.mark.full) for r in runs]
+
+
+@pytest.mark.ci
+def test_the_0_7_1_base_trains_through_its_server_mode_rollout(e2e_default):
+    """verl 0.7.1 (VERL_BASE=0.7.1): 3 steps through the launcher, its async vLLM server and shared-memory
+    weight buckets, saving the step-2 checkpoint the resume run continues."""
+    proc, summary, out = e2e_default
+    assert proc.returncode == 0, _tail(proc)
+    run = summary["runs"]["v071"]
+    assert run["base"] == "0.7.1" and run["steps_done"] == [1, 2, 3]
+    assert (out / "v071" / "ckpt" / "e2e_v071" / "global_step_2" / "actor").is_dir()
+    log = (out / "v071" / "launcher.log").read_text(errors="replace")
+    assert "verl-0.7.1-cpu" in log, "the run did not use the 0.7.1 CPU tree"
+    assert all(c["ok"] for c in summary["checks"]), summary["checks"]
+
+
+@pytest.mark.full
+def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_matrix):
+    proc, summary, out = e2e_matrix
     assert proc.returncode == 0, _tail(proc)
     runs = summary["runs"]
     assert runs["sync"]["steps_done"] == [1, 2, 3]
     assert runs["async"]["steps_done"] == [1, 2, 3]
+    assert runs["sync"]["base"] == "0.6.0"
     # The resumed run starts from the sync run's step-2 checkpoint and does step 3 only.
     assert runs["resume"]["resumed_from_step"] == 2
     assert runs["resume"]["steps_done"] == [3]
     assert (out / "sync" / "ckpt" / "e2e_sync" / "global_step_2" / "actor").is_dir()
-    for name in ("sync", "async", "resume", "v071", "v071-resume"):
-        rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == runs[name]["steps_done"], f"{name}: verl's file logger"
-        assert all("critic/score/mean" in r["data"] for r in rows), f"{name}: no reward logged"
+    assert all(c["ok"] for c in summary["checks"]), summary["checks"]
 
 
-def test_the_0_7_1_base_trains_and_resumes_through_its_server_mode_rollout(e2e_run):
-    """verl 0.7.1 (VERL_BASE=0.7.1): 3 steps through the launcher, its async vLLM server and shared-memory
-    weight buckets; the resume continues from that run's step-2 checkpoint."""
-    proc, summary, out = e2e_run
+@pytest.mark.full
+def test_the_0_7_1_base_resumes_from_the_checkpoint_the_default_run_wrote(e2e_matrix):
+    """v071-resume, a later e2e command in the same folder, continues the v071 run's step-2 checkpoint."""
+    proc, summary, out = e2e_matrix
     assert summary, _tail(proc)
-    runs = summary["runs"]
-    assert runs["v071"]["base"] == runs["v071-resume"]["base"] == "0.7.1"
-    assert runs["sync"]["base"] == "0.6.0"
-    assert runs["v071"]["steps_done"] == [1, 2, 3]
-    assert runs["v071-resume"]["resumed_from_step"] == 2 and runs["v071-resume"]["steps_done"] == [3]
-    assert (out / "v071" / "ckpt" / "e2e_v071" / "global_step_2" / "actor").is_dir()
-    log = (out / "v071" / "launcher.log").read_text(errors="replace")
-    assert "verl-0.7.1-cpu" in log, "the run did not use the 0.7.1 CPU tree"
-    assert all(c["ok"] for c in summary["checks"] if c["run"].startswith("v071")), summary["checks"]
+    run = summary["runs"]["v071-resume"]
+    assert run["base"] == "0.7.1"
+    assert run["resumed_from_step"] == 2 and run["steps_done"] == [3]
+    assert (out / "v071-resume" / "ckpt" / "e2e_v071-resume" / "global_step_2" / "actor").is_dir()
 
 
-@pytest.mark.parametrize(
-    "run", ["sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071"]
-)
-def test_vllm_samples_from_the_updated_weights(e2e_run, run):
+@pytest.mark.parametrize("run", _full(*QWEN_RUNS, "deepseek", "deepseek-v071"))
+def test_every_run_logs_each_step_and_its_reward(request, run):
+    proc, summary, out = _runs(request, run)
+    assert summary, _tail(proc)
+    rows = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == summary["runs"][run]["steps_done"], f"{run}: verl's file logger"
+    assert all("critic/score/mean" in r["data"] for r in rows), f"{run}: no reward logged"
+
+
+@pytest.mark.parametrize("run", _full(*QWEN_RUNS, "deepseek", "deepseek-v071"))
+def test_vllm_samples_from_the_updated_weights(request, run):
     """At the last step the policy has moved (stale gap >= 0.01) and vLLM's gap is a fifth of that or less."""
-    proc, summary, _ = e2e_run
+    proc, summary, _ = _runs(request, run)
     assert summary, _tail(proc)
     r = summary["runs"][run]
     gap = r["gap"]  # probs for Qwen; log_probs for the random-weight DeepSeek policy (p ~ 1/vocabulary)
@@ -92,12 +137,18 @@ def test_vllm_samples_from_the_updated_weights(e2e_run, run):
     assert rollout <= stale / 5, f"{run}: rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
 
 
-@pytest.mark.parametrize("name, base, syncs", [("deepseek", "0.6.0", 3), ("deepseek-v071", "0.7.1", 4)])
-def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e2e_run, name, base, syncs):
+@pytest.mark.parametrize(
+    "name, base, syncs",
+    [
+        pytest.param("deepseek", "0.6.0", 3, marks=pytest.mark.ci),
+        pytest.param("deepseek-v071", "0.7.1", 4, marks=pytest.mark.full),
+    ],
+)
+def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(request, name, base, syncs):
     """main_ppo with the Megatron actor: one actor forward per step, every rank's AlltoAllV bytes per sync equal
     to the planner's and to the model's arithmetic, the reference starting from the actor's weights. verl 0.7.1
     (its server-mode rollout) syncs once more than 0.6.0: before step 1 and after every update."""
-    proc, summary, out = e2e_run
+    proc, summary, out = _runs(request, name)
     assert summary, _tail(proc)
     run = summary["runs"][name]
     assert run["base"] == base
@@ -119,22 +170,15 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(e
     assert all(c["ok"] for c in summary["checks"] if c["run"] == name), summary["checks"]
 
 
-# deepseek-v071's negative control (about 5 minutes in CI) is left to a manual run to keep CI's time:
-# `python -m ascend_rl e2e --runs deepseek-v071 --disable-weight-sync` (seen failing the check: README)
-@pytest.mark.parametrize("run", ["sync", "v071", "deepseek"])
-def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, e2e_run, tmp_path, run):
+# make test runs one negative control, on Qwen's default base; make test-full runs every run's
+@pytest.mark.parametrize("run", _full("v071", "sync", "deepseek", "deepseek-v071", ci=("v071",)))
+def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout, the same check fails."""
     out = tmp_path / "e2e_nosync"
-    out.mkdir()
-    # the same tiny model and data (e2e.py reuses them by their stamp)
-    if run.startswith("deepseek"):
-        shutil.copytree(e2e_run[2] / "deepseek_inputs", out / "deepseek_inputs")
-    else:
-        for inputs in ("model", "data"):
-            shutil.copytree(e2e_run[2] / inputs, out / inputs)
-        shutil.copy(e2e_run[2] / "inputs.json", out / "inputs.json")
     proc, summary = _e2e(e2e_python, out, "--runs", run, "--disable-weight-sync")
-    assert "reusing" in proc.stdout
+    tier_report.record_e2e("test_e2e", summary, [run])
+    # the tiny model and data come from the machine's cache (built by the first run that needed them)
+    assert "reusing the machine's copy" in proc.stdout or "inputs: built" in proc.stdout, _tail(proc)
     assert summary, _tail(proc)
     assert proc.returncode == 1, _tail(proc)
     r = summary["runs"][run]

@@ -153,6 +153,7 @@ def tiny_model(tmp_path_factory, e2e_python) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_vllm_answers_are_all_scored_and_reported(tiny_model, e2e_python, tmp_path):
     rows = [
         (f"Compute ${a} + {b}$.", str(a + b), f"Level {1 + a % 2}", "Prealgebra")
@@ -192,6 +193,7 @@ def test_vllm_answers_are_all_scored_and_reported(tiny_model, e2e_python, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_sampling_a_batch_large_enough_for_chunked_prefill(tiny_model, e2e_python, tmp_path):
     """64 problems x 8 answers: vLLM's CPU build splits the prefill, and a per-request seed then failed with
     `RuntimeError: CPU Generator does not use offset` (the engine's seed alone is used on CPU)."""

@@ -54,3 +54,21 @@ def test_peak_memory_counts_the_descendants(tmp_path):
     done = runner.run_measured(cmd, tmp_path / "log", 60)
     assert done.returncode == 0 and not done.timed_out
     assert done.peak_rss_gib >= 0.35, done
+    assert done.peak_pss_gib >= 0.35, done  # the grandchild's pages are its own: PSS counts them whole
+
+
+def test_peak_pss_counts_a_shared_page_once(tmp_path):
+    """Two processes map one 400 MiB shared segment: summed RSS counts it twice, PSS once."""
+    hold = (
+        "import mmap, os, time\n"
+        "n = 400 * 2**20; m = mmap.mmap(-1, n)\n"
+        "for i in range(0, n, 2**20): m[i:i + 2**20] = b'x' * 2**20\n"
+        "pid = os.fork()\n"
+        "sum(m[i] for i in range(0, n, 4096))  # both processes map every page\n"
+        "time.sleep(2)\n"
+        "os.waitpid(pid, 0) if pid else None\n"
+    )
+    done = runner.run_measured([sys.executable, "-c", hold], tmp_path / "log", 60)
+    assert done.returncode == 0, (tmp_path / "log").read_text()
+    assert done.peak_rss_gib >= 0.75, done
+    assert 0.35 <= done.peak_pss_gib <= 0.55, done
