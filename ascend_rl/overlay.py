@@ -127,6 +127,32 @@ def tree_version(root: Path, project: str = "verl") -> str | None:
         return None
 
 
+def installed_versions(root: Path, project: str = "verl") -> list[str]:
+    """The versions pip's records in `root` give the project (its `<project>-VERSION.dist-info` folders)."""
+    prefix, suffix = f"{project}-", ".dist-info"
+    return sorted(p.name[len(prefix) : -len(suffix)] for p in root.glob(f"{prefix}*{suffix}") if p.is_dir())
+
+
+def place(recipe: Recipe, target: str | Path) -> tuple[str | None, str]:
+    """Which base of the recipe the tree at `target` is, for a command given no --base: (version, the
+    line that says so) when its version file names another base of the recipe (and, in a pip-installed
+    tree, pip's record agrees); (None, "") when the recipe's base stands (the tree is on it, or is no
+    base, which resolve_target refuses). A pip-installed tree whose version is ambiguous is refused."""
+    root = Path(target)
+    found = tree_version(root, recipe.project)
+    if found is None or found == recipe.version or found not in recipe.bases:
+        return None, ""
+    recorded = installed_versions(root, recipe.project)
+    if recorded and recorded != [found]:
+        records = ", ".join(f"{recipe.project}-{v}.dist-info" for v in recorded)
+        raise OverlayError(
+            f"{root} reads {recipe.project} {found} ({recipe.project}/version/version) but pip's records there "
+            f"say {records}: reinstall {recipe.project}, or pass --base to say which series to use"
+        )
+    how = " (pip-installed)" if recorded else ""
+    return found, f"the tree is {recipe.project} {found}{how}, a base of {recipe.recipe}: using its series"
+
+
 class Tree:
     """An in-memory view of a folder: reads lazily, records writes, commits them crash-safely.
 
@@ -232,11 +258,16 @@ def plan(
 ) -> tuple[list[PatchState], Tree, Tree]:
     """Classify each patch; return the states, the tree with all applicable patches on, and the bare tree."""
     patches = load_series(recipe)
+    own_base = tree_version(root, recipe.project) == recipe.version
     # Walk back from the top: a patch counts as applied when it comes off cleanly
-    # and would not go on again; peel it off to see the ones beneath it.
+    # and would not go on again; peel it off to see the ones beneath it. On the series'
+    # own base, a patch that comes off only once the regions it changed are read as it
+    # has them was applied, then edited by hand: it is peeled too, keeping the edits to
+    # its context lines, so a patch beneath whose lines were edited is named as well.
     base = Tree(root, view)
     applied: set[int] = set()
     ambiguous: set[int] = set()
+    edited: dict[int, diagnose.Tolerated] = {}
     stuck: dict[int, patchset.HunkConflict] = {}
     for idx in range(len(patches) - 1, -1, -1):
         patch = patches[idx]
@@ -247,8 +278,12 @@ def plan(
             else:
                 _apply_patch(base, patch.reversed())
                 applied.add(idx)
-        else:
-            stuck[idx] = off
+            continue
+        stuck[idx] = off
+        if own_base and (taken := diagnose.tolerate(patch.reversed(), base.get)) is not None:
+            for rel, data in taken.contents.items():
+                base.set(rel, data)
+            edited[idx] = taken
     # Walk forward from the bare tree, putting each patch (back) on in series order.
     full = Tree(root, view)
     full.restore(base.snapshot())
@@ -258,19 +293,23 @@ def plan(
             why = "it applies both forward and in reverse; check the tree by hand"
             states.append(PatchState(patch, CONFLICTING, why, why))
             continue
+        if idx in edited:
+            found = diagnose.edited(patch, edited[idx])
+            states.append(PatchState(patch, EDITED, found.where, found.where, found.lines, found.next_step))
+            again = diagnose.tolerate(patch, full.get, check=False)  # as on the tree, for the ones above
+            for rel, data in (again.contents if again else {}).items():
+                full.set(rel, data)
+            continue
         conflict = _try(full, patch)
         if conflict is None:
             _apply_patch(full, patch)
             states.append(PatchState(patch, APPLIED if idx in applied else APPLICABLE))
             continue
         state = PatchState(patch, CONFLICTING, str(conflict), str(stuck.get(idx, conflict)))
-        own_base = tree_version(root, recipe.project) == recipe.version
         found = diagnose.diagnose(patch, full.get, upstream_evidence(recipe, root, patch), own_base)
         state.lines, state.next_step = found.lines, found.next_step
         state.detail = found.where
-        if found.kind == diagnose.EDITED:
-            state.state = EDITED
-        elif found.kind == diagnose.CARRIED:
+        if found.kind == diagnose.CARRIED:
             state.state = CARRIED
         states.append(state)
     return states, full, base
@@ -384,8 +423,16 @@ def _change_series(
         view = _begin(root, dry_run, steps, log)
         states, full, base = plan(recipe, root, view)
         # Every patch must go on (or come off) before one byte changes. A revert names the
-        # topmost patch that does not come off, with the file and hunk where the tree differs.
+        # topmost patch that does not come off, with the file and hunk where the tree differs;
+        # first, a series stacked on this one (another recipe's, an overlay's) that it would
+        # leave on a base without the patches beneath it, or that keeps a patch from coming off.
         bad = [s for s in states if s.state in BLOCKED]
+        if (
+            op == "revert"
+            and all(s.state == CONFLICTING for s in bad)
+            and (above := series_on_top(recipe, root, states, view))
+        ):
+            raise OverlayError(f"{above}; nothing was changed")
         if bad and op == "apply":
             raise OverlayError(f"{bad[0].refusal('apply')}; nothing was changed")
         if bad:
@@ -396,7 +443,8 @@ def _change_series(
             )
             raise OverlayError(f"{bad[-1].refusal('revert')}{tail}; nothing was changed")
         if not dry_run:
-            (full if op == "apply" else base).flush(op, recipe.name, steps)
+            label = f"{recipe.name} on {recipe.project} {recipe.version}"  # the journal knows the base
+            (full if op == "apply" else base).flush(op, label, steps)
     return states
 
 
@@ -504,6 +552,46 @@ def _fetch_git(recipe: Recipe, dest: Path, log: Callable[[str], None]) -> Path:
 
 
 # --- command line ----------------------------------------------------------------------------------
+
+
+def series_on_top(
+    recipe: Recipe, root: Path, states: list[PatchState], view: dict[str, bytes | None] | None = None
+) -> str | None:
+    """When the tree carries another recipe's (or overlay's) series on this base that shares applied
+    patches with this one and has patches of its own on: a line naming it (a revert of this series
+    would leave those on a base without the patches they were written over). Call with the lock held."""
+    ours = set(recipe.series)
+    reverting = {s.patch.source for s in states if s.state == APPLIED}
+    best: tuple[tuple[int, float], Recipe, list[str]] | None = None
+    for name in recipe_names():
+        for extra in (None, *overlay_names()):
+            try:
+                other = load_recipe(name, recipe.version)
+                other = with_overlay(other, extra) if extra else other
+            except (OverlayError, UsageError):
+                continue
+            if other.name == recipe.name or not reverting & set(other.series) or set(other.series) <= ours:
+                continue
+            try:
+                theirs = plan(other, root, view)[0]
+            except OverlayError:
+                continue
+            carried = [s.patch.source for s in theirs if s.state in (APPLIED, EDITED)]
+            on = [patchset.patch_id(p) or p.name for p in carried if p not in ours]
+            # the series with most patches of its own on; of those, the one the tree carries most of
+            rank = (len(on), len(carried) / len(other.series))
+            if on and (best is None or rank > best[0]):
+                best = (rank, other, on)
+    if best is None:
+        return None
+    _, other, on = best
+    shown = ", ".join(on[:3]) + (f" and {len(on) - 3} more" if len(on) > 3 else "")
+    return (
+        f"this tree carries {other.name}'s series on top of {recipe.name}'s: {len(on)} patches of its own "
+        f"({shown}) sit on the patches the two share, and reverting {recipe.name} would leave them on a base "
+        f"without those; revert {other.name} instead (python -m ascend_rl overlay revert {other.cli} "
+        f"--target {root})"
+    )
 
 
 def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> str | None:

@@ -9,8 +9,15 @@
 
 A recipe serves one or more verl bases (recipe.toml [bases."VERSION"], each with its own series);
 --base picks one (default: the manifest's default_base; `list` shows them). The default tree is
-llm_rl/<recipe>/verl-<base>/. A tree of another version is named by what it is (its version file and
-the content of the files the series touch, patches/trees.toml) and refused in one line.
+llm_rl/<recipe>/verl-<base>/. Without --base, a --target tree that is another base of the recipe (by its
+verl/version/version; in a pip-installed tree, its verl-*.dist-info must agree) gets that base's series,
+said in one line. A tree of any other version is named by what it is (its version file and the content
+of the files the series touch, patches/trees.toml) and refused in one line.
+
+`revert` refuses, changing nothing, when the tree carries another series on top of this one (DeepSeek's
+on the patches it shares with Qwen's, an overlay's): taking this one off would leave those on a base
+without the patches beneath them. A patch applied, then edited by hand is reported `edited` (the file,
+hunk, the lines the patch expects and those found), and stops an apply or a revert.
 
 Every command holds an advisory lock on the tree (ROOT/.overlay.lock; a second copy waits up to
 --wait seconds, then refuses), and every write goes through a journal in the tree's root
@@ -137,7 +144,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--base",
             metavar="VERSION",
-            help="the verl base whose pin and series to use (default: the recipe's default_base)",
+            help="the verl base whose pin and series to use (default: the recipe's default_base"
+            + (
+                "; with --target, the base that tree is, when it is one of the recipe's)"
+                if p not in (p_list, p_fetch)
+                else ")"
+            ),
         )
     for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(manifest.recipe_names())}) or folder")
@@ -174,6 +186,12 @@ def _run(args: argparse.Namespace) -> int:
             _say(f"--with {name}: patches/{name}/overlay.toml (on top of a recipe's series)")
         return EXIT_OK
     recipe = manifest.load_recipe(args.recipe, args.base)
+    if args.command != "fetch" and args.base is None and args.target is not None:
+        # a tree of another base of the recipe is patched on that base; --base, when given, decides
+        base, line = overlay.place(recipe, args.target)
+        if base is not None:
+            recipe = manifest.load_recipe(args.recipe, base)
+            _err(f"overlay: {line}")
     if args.overlay:
         recipe = manifest.with_overlay(recipe, args.overlay)
     if args.command == "fetch":

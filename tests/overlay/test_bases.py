@@ -82,15 +82,26 @@ def test_the_guides_commit_is_named_and_refused_with_what_to_run(guide_tree: Pat
 
 
 def test_another_0_5_0_dev_tree_is_not_taken_for_the_guides(guide_tree: Path, tmp_path: Path) -> None:
+    guide = {t.key: t for t in trees.load_known()}["634bd935"]
     other = tmp_path / "other"
     shutil.copytree(guide_tree, other)
-    for rel in sorted(trees.load_known()[0].files)[:20]:  # a different tree that reads 0.5.0.dev too
+    changed = 0
+    for rel in sorted(guide.files)[:20]:  # a different tree that reads 0.5.0.dev too
         path = other / rel
         if path.is_file():
             path.write_bytes(path.read_bytes() + b"\n# another commit\n")
+            changed += 1
+    assert 0 < changed < len(guide.files)
     proc = cli("status", "qwen2_5", "--base", "0.6.0", "--target", other)
-    assert proc.returncode == 1 and "not a base of qwen2_5" in proc.stderr, proc.stderr
-    assert "the tree the original Qwen2.5 guide checks out;" not in proc.stderr
+    err = proc.stderr.strip()
+    assert proc.returncode == 1 and len(err.splitlines()) == 1, proc.stderr
+    # Named as a 0.5.0.dev tree that is like the guide's in so many files, never as the guide's commit.
+    same = len(guide.files) - changed
+    assert err.startswith(
+        f"overlay: error: {other} is verl 0.5.0.dev (like {guide.label} in {same} of {len(guide.files)} files "
+        "the series touch), not a base of qwen2_5 (its bases: "
+    ), err
+    assert f"is {guide.label}" not in err and "it is not a base here" not in err
 
 
 def test_status_on_the_guides_tree_says_patch_by_patch(guide_tree: Path) -> None:
@@ -185,12 +196,10 @@ def test_each_dockerfile_builds_the_recipes_default_base_on_its_image() -> None:
 
 
 def test_the_known_trees_file_is_current() -> None:
-    from ascend_rl import artifacts, patchdoc
+    from ascend_rl import patchdoc
+    from ci_policy import get_artifact
 
-    try:
-        sdists = patchdoc.base_sdists()
-    except artifacts.DownloadError as exc:
-        pytest.skip(f"a base's sdist cannot be fetched: {exc}")
+    sdists = get_artifact("a base's verl sdist", patchdoc.base_sdists)
     want, missing = patchdoc.expected_trees(sdists)
     if missing:
         pytest.skip("; ".join(missing))
