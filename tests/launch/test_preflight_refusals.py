@@ -160,28 +160,29 @@ def test_a_dry_run_leaves_every_byte_of_the_users_tree_and_model_folder(tmp_path
     assert not (tmp_path / "run_log").exists()
 
 
-def test_a_refused_launch_writes_nothing_and_a_passing_one_writes_after_its_checks(tmp_path, verl_tree):
+def _npu_host(tmp_path: Path, verl_tree: Path, trainer_says: str, logger: str) -> tuple[Path, dict]:
+    """A Qwen model and a launch environment on an NPU host as far as the preflight sees (a stub npu-smi),
+    whose trainer (python3 -m verl.trainer.main_ppo) only echoes trainer_says; (the model folder, the env)."""
     model = _qwen_model(tmp_path / "model")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "npu-smi").write_text(
-        "#!/usr/bin/env bash\nexit 0\n"
-    )  # an NPU host as far as the preflight sees
+    (bin_dir / "npu-smi").write_text("#!/usr/bin/env bash\nexit 0\n")
     (bin_dir / "python3").write_text(
         "#!/usr/bin/env bash\n"
-        'if [ "$1 $2" = "-m verl.trainer.main_ppo" ]; then echo "FILE_LOGGER_ROOT=$VERL_FILE_LOGGER_ROOT"; exit 0; fi\n'
+        f'if [ "$1 $2" = "-m verl.trainer.main_ppo" ]; then echo "{trainer_says}"; exit 0; fi\n'
         f'exec "{sys.executable}" "$@"\n'
     )
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     env = launcher_env(
-        tmp_path,
-        verl_tree,
-        MODEL_DIR=str(model),
-        DATA_DIR=str(_data(tmp_path / "data")),
-        LOGGER="console,file",
+        tmp_path, verl_tree, MODEL_DIR=str(model), DATA_DIR=str(_data(tmp_path / "data")), LOGGER=logger
     )
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return model, env
+
+
+def test_a_refused_launch_writes_nothing_and_a_passing_one_writes_after_its_checks(tmp_path, verl_tree):
+    model, env = _npu_host(tmp_path, verl_tree, "FILE_LOGGER_ROOT=$VERL_FILE_LOGGER_ROOT", "console,file")
     tree_before, model_before = _snapshot(verl_tree), _snapshot(model)
     _refused(run_launcher(QWEN, ["actor_rollout_ref.actor.ppo_mini_batch_size=512"], env))
     assert _snapshot(verl_tree) == tree_before and _snapshot(model) == model_before
@@ -225,25 +226,7 @@ def test_a_launch_whose_logger_package_is_absent_is_refused_before_the_trainer_s
     """A real launch (stub npu-smi and trainer, every other check passing) with LOGGER=console,swanlab and no
     swanlab in this Python is refused in one line naming the install; the trainer never starts, nothing is
     written."""
-    model = _qwen_model(tmp_path / "model")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "npu-smi").write_text("#!/usr/bin/env bash\nexit 0\n")
-    (bin_dir / "python3").write_text(
-        "#!/usr/bin/env bash\n"
-        'if [ "$1 $2" = "-m verl.trainer.main_ppo" ]; then echo "TRAINER STARTED"; exit 0; fi\n'
-        f'exec "{sys.executable}" "$@"\n'
-    )
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    env = launcher_env(
-        tmp_path,
-        verl_tree,
-        MODEL_DIR=str(model),
-        DATA_DIR=str(_data(tmp_path / "data")),
-        LOGGER="console,swanlab",
-    )
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    model, env = _npu_host(tmp_path, verl_tree, "TRAINER STARTED", "console,swanlab")
     tree_before, model_before = _snapshot(verl_tree), _snapshot(model)
     proc = run_launcher(QWEN, [], env)
     line = _refused(proc)

@@ -5,28 +5,12 @@ bare base is refused. Each test runs the overlay command as a user types it, on 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_edited_trees import cli, tree_bytes
 
 from ascend_rl import manifest
-from ascend_rl.paths import REPO
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ascend_rl", "overlay", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def told(name: str, base: str, how: str = "") -> str:
