@@ -31,6 +31,7 @@ TOOLS = {
         "resolve every import of a verl tree against the pinned wheels",
     ),
     "ray_cluster": ("ascend_rl.cli.ray_cluster", "plan, start and wait for a multi-node Ray cluster"),
+    "cluster": ("ascend_rl.cli.cluster", "a simulated cluster: N nodes in Linux namespaces on this machine"),
     "prepare_math": (
         "ascend_rl.cli.prepare_math",
         "MATH-lighteval parquet -> the recipe's train/test parquet",
