@@ -30,8 +30,8 @@ NOT_BASES = {
         "label": "verl commit 634bd935 (2025-09-24, v0.5.0-321), the tree the original Qwen2.5 guide checks out",
         "archive": "verl-634bd935.tar.gz",
         "advice": (
-            "it is not a base here: no package index carries it (no checksummed sdist to fetch), 5 of the "
-            "10 shared 0.6.0 patches conflict on it, and no run here has proven a series on it. Base 0.6.0 "
+            "it is not a base here: no package index carries it (no checksummed sdist to fetch), several "
+            "of base 0.6.0's patches conflict on it (overlay status --base 0.6.0 --force names them), and no run here has proven a series on it. Base 0.6.0 "
             "is the same sync-rollout path 72 commits later, and its series carries the guide's own edits "
             "(shared-0001: the NPU padding helpers and the five imports; shared-0002: CompilationMode, "
             "vllm.v1's worker_base, vllm.lora.lora_model): fetch it with `python3 -m ascend_rl overlay fetch "

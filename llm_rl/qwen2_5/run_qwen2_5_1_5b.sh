@@ -64,7 +64,9 @@ if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
   # shellcheck disable=SC1091
   set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
 fi
-case "$NPUS" in ''|*[!0-9]*|0) echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2 ;; esac
+# A card count: digits, not zero however written (00 too); run_qwen2_5_1_5b_single.sh refuses the same way.
+case "$NPUS" in ''|*[!0-9]*) npus_count=0 ;; *) npus_count=$((10#$NPUS)) ;; esac
+[ "$npus_count" -gt 0 ] || { echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
