@@ -7,8 +7,11 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``compute_score_batch`` serves ``reward_model.reward_manager=batch``.
 * The answer is the ``<answer>`` block, judged by value whatever its shape: ``\\boxed{}``, bare LaTeX, a
   ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
-  punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies.
-  Without a block, the last ``\\boxed{}`` after the reasoning.
+  punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies,
+  words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
+  by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
+  Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
+  takes back does not compete with it.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -181,6 +184,11 @@ _SEPARATOR_RE = re.compile(_SEPARATOR)
 _MATRIX_ENV_RE = re.compile(
     r"\\(begin|end)\{(?:bmatrix|Bmatrix|matrix|smallmatrix)\}"
 )  # not vmatrix: a determinant
+_DENOMINATORS = {"half": 2, "halve": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6}
+_DENOMINATORS |= {"seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10}
+_POWER_WORDS = {"squared": "^2", "cubed": "^3", "factorial": "!"}
+# words after a number that change its value: 5 squared is not 5 units of anything, two thirds is not 2
+_VALUE_WORD_RE = re.compile(rf"(?:{'|'.join([*_POWER_WORDS, *_DENOMINATORS])})s?\.?$", re.IGNORECASE)
 
 
 def _canonical(s: str) -> str:
@@ -194,7 +202,14 @@ def _canonical(s: str) -> str:
     s = _MATRIX_ENV_RE.sub(lambda m: f"\\{m.group(1)}{{pmatrix}}", s)
     unit = _PLAIN_UNIT_RE.fullmatch(s)
     if unit is not None and not _PROSE_RE.search(unit.group(1)):
-        s = f"{unit.group(1)}\\text{{ {unit.group(2).rstrip('.')}}}"  # the unit the truth may imply
+        number, word = unit.group(1), unit.group(2).rstrip(".").lower()
+        if word in _POWER_WORDS:  # 5 squared is 25, 3 factorial 6: not a unit
+            s = (number if number.isdigit() else f"({number})") + _POWER_WORDS[word]
+        elif number.lstrip("-").isdigit() and word.removesuffix("s") in _DENOMINATORS:  # 2 thirds is 2/3
+            sign = "-" if number.startswith("-") else ""
+            s = f"{sign}\\frac{{{number.lstrip('-')}}}{{{_DENOMINATORS[word.removesuffix('s')]}}}"
+        elif not _VALUE_WORD_RE.match(word):
+            s = f"{number}\\text{{ {unit.group(2).rstrip('.')}}}"  # the unit the truth may imply
     return s
 
 
@@ -208,6 +223,137 @@ def _lead_in(text: str) -> str:
         text = text[m.end() :].strip()
 
 
+# ---------------------------------------------------------------- words, numbers in words, several solutions
+#
+# "Monday", "odd", "no solution" are read as \text{...}; "twelve", "twenty-four", "eight ways" as numbers;
+# "1 or 2", "x=1 or x=2", "$-2$ and $3$" as the set of solutions, written 1 \text{ or } 2 (what math_verify reads
+# as {1, 2}).  The verdicts on them (a word against a word, a set against a set, exact values) are in the caller.
+
+_UNIT_NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+    " sixteen seventeen eighteen nineteen"
+).split()
+_NUMBER_WORDS = {word: n for n, word in enumerate(_UNIT_NUMBERS)}
+_TENS_WORDS = {
+    word: 10 * n for n, word in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)
+}
+_SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
+_NUMBER_TOKENS = [*_NUMBER_WORDS, *_TENS_WORDS, *_SCALE_WORDS, "hundred", "and", "minus", "negative"]
+_NUMBER_TOKEN_RE = re.compile("|".join(sorted(_NUMBER_TOKENS, key=len, reverse=True)))  # seventeen, not seven
+
+
+def _spelled_value(words: list[str]) -> int | None:
+    """The integer a number written in words stands for (twelve, twenty four, one hundred and five), else None."""
+    sign = -1 if words[:1] in (["minus"], ["negative"]) else 1
+    words = words[1:] if sign < 0 else words
+    if words == ["zero"]:
+        return 0
+    total, current, last, cap = 0, 0, None, math.inf
+    for i, word in enumerate(words):
+        if word == "and":  # one hundred and five
+            if last not in ("hundred", "scale") or i == len(words) - 1:
+                return None
+        elif 0 < _NUMBER_WORDS.get(word, 0) < 10:
+            if last not in (None, "tens", "hundred", "scale"):
+                return None
+            current, last = current + _NUMBER_WORDS[word], "unit"
+        elif word in _NUMBER_WORDS and word != "zero" or word in _TENS_WORDS:
+            if last not in (None, "hundred", "scale"):
+                return None
+            current += _NUMBER_WORDS.get(word) or _TENS_WORDS[word]
+            last = "tens" if word in _TENS_WORDS else "teen"
+        elif word == "hundred":
+            if last != "unit" or current >= 10:
+                return None
+            current, last = current * 100, "hundred"
+        elif word in _SCALE_WORDS:
+            if not current or _SCALE_WORDS[word] >= cap:
+                return None
+            total, current, cap, last = total + current * _SCALE_WORDS[word], 0, _SCALE_WORDS[word], "scale"
+        else:
+            return None
+    return sign * (total + current) if last is not None else None
+
+
+_WORD = r"[a-zA-Z]+(?:['-][a-zA-Z]+)*"  # odd, twenty-four, Euler's
+_WORDS_RE = re.compile(rf"{_WORD}(?:\s+{_WORD}){{0,3}}")  # at most four words
+_ARTICLE_RE = re.compile(r"^(?:a|an|the)\s+", re.IGNORECASE)
+
+
+def _word_answer(text: str) -> str | None:
+    """A number in words as digits (a unit word after it kept), a phrase of at most 4 words as \\text{...}."""
+    text = _ARTICLE_RE.sub("", text.strip())
+    if not _WORDS_RE.fullmatch(text):
+        return None
+    words = re.split(r"[\s-]+", text.lower())
+    value = _spelled_value(words)
+    if value is not None:
+        return str(value)
+    unit = words[-1]
+    number_word = unit in _NUMBER_WORDS or unit in _TENS_WORDS or unit in _SCALE_WORDS or unit == "hundred"
+    if len(words) > 1 and not number_word and (value := _spelled_value(words[:-1])) is not None:
+        return _canonical(f"{value} {text.split()[-1]}")  # eight ways, five squared, two thirds
+    return f"\\text{{{text}}}"
+
+
+_JOIN_RE = re.compile(r"\b(?:or|and)\b", re.IGNORECASE)  # the spaces and comma around it are stripped apart
+_TEXT_JOIN_RE = re.compile(r"\\(?:text|textrm|mbox|mathrm)\{\s*(or|and)\s*\}|\\q?quad\b", re.IGNORECASE)
+_HEAD_COPULA_RE = re.compile(r"^.*\b(?:is|are|equals?|was|were|be)\s+", re.IGNORECASE | re.DOTALL)
+_VARIABLE_SET_RE = re.compile(r"^([a-zA-Z]|\\[a-zA-Z]+)\s*=\s*(.+)$", re.DOTALL)  # x = 5, \theta = 2
+
+
+def _top_level(text: str, comma_needs_space: bool) -> list[str] | None:
+    """text cut at its commas outside brackets (only ", " when comma_needs_space: 1,000 stays whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif ch == "," and not depth and (not comma_needs_space or text[i + 1 : i + 2].isspace()):
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]] if depth == 0 else None
+
+
+def _solutions(text: str) -> tuple[str, bool] | None:
+    """Several solutions joined by or / and (1 or 2, x=1 or x=2, $-2$ and $3$) as one answer, 1 \\text{ or } 2,
+    and whether it is ambiguous (values of several unknowns); None when text is not such a list."""
+    lowered = text.lower()
+    if "or" not in lowered and "and" not in lowered:
+        return None
+    text = _TEXT_JOIN_RE.sub(lambda m: f" {m.group(1) or ''} ", text)
+    first = _JOIN_RE.search(text)
+    if first is None:
+        return None
+    head = _HEAD_COPULA_RE.match(text[: first.start()])  # The solutions are $-2$ and $3$
+    text = text[head.end() :] if head else text
+    if _spelled_value(re.split(r"[\s-]+", _strip_math(text).lower())) is not None:
+        return None  # one hundred and five: one number
+    items, variables = [], set()
+    for part in _JOIN_RE.split(text):
+        pieces = _top_level(part.strip().removesuffix(","), comma_needs_space=True)  # 1, 2, or 3
+        if pieces is None:
+            return None
+        for item in map(_strip_math, pieces):
+            spelled = _spelled_value(re.split(r"[\s-]+", item.lower())) if _WORDS_RE.fullmatch(item) else None
+            item = str(spelled) if spelled is not None else item
+            assigned = _VARIABLE_SET_RE.match(item)
+            if assigned is not None:
+                variables.add(assigned.group(1))
+                item = _strip_math(assigned.group(2))
+            item = _canonical(item)
+            if not item or _PROSE_RE.search(item) or "=" in item or _RELATION_RE.search(item):
+                return None
+            items.append(item)
+    if len(items) < 2:
+        return None
+    # x = 2 and y = 7 gives the values of two unknowns: which one is the answer is not said
+    return " \\text{ or } ".join(items), len(variables) > 1
+
+
 def _block_answer(block: str) -> _Answer:
     """The one answer an unboxed <answer> block states, whatever its shape."""
     ambiguous = bool(_OR_RE.search(block))
@@ -216,6 +362,9 @@ def _block_answer(block: str) -> _Answer:
     ):  # a box left open (\\boxed{1): nothing to cut out; math_verify reads it as written
         return _Answer(_strip_math(block) or None, False, ambiguous)
     text = _lead_in(block.strip().rstrip(_TRAILING))
+    solutions = _solutions(text)  # 1 or 2, x=1 or x=2, $1$ and $2$: one answer, the set of them
+    if solutions is not None:
+        return _Answer(solutions[0], True, solutions[1])
     spans = [(m.start(g), m.end(g)) for m in _MATH_SPAN_RE.finditer(text) for g in range(1, 5) if m.group(g)]
     if spans:
         agree, others = _agree(text, spans)
@@ -231,7 +380,11 @@ def _block_answer(block: str) -> _Answer:
     answer = _canonical(_strip_math(plain))
     if not answer:
         return _Answer(None, False, ambiguous)
-    if _PROSE_RE.search(answer):  # still a sentence: math_verify reads it as written, as before
+    if _PROSE_RE.search(answer):
+        words = _word_answer(answer)  # Monday, no solution, twelve, eight ways
+        if words is not None:
+            return _Answer(words, True, ambiguous)
+        # still a sentence: math_verify reads it as written, as before
         return _Answer(_strip_math(block) or None, False, ambiguous)
     return _Answer(answer, True, ambiguous)
 
@@ -292,6 +445,14 @@ def _agree(text: str, spans: list[tuple[int, int]]) -> tuple[bool, tuple[str, ..
     return True, tuple(others)
 
 
+# a sentence that takes back what came before it: the boxes before it are not the answer
+_CORRECTION_RE = re.compile(
+    r"(?:^|(?<=[.!?;:])|\n)[ \t]*(?:(?:wait|actually|oops|hmm+|correction|sorry|on second thought"
+    r"|i made an? (?:error|mistake)|let me (?:re-?check|recalculate|recompute|redo|double[- ]check|correct))\b|no,)",
+    re.IGNORECASE,
+)
+
+
 def extract_answer(response: str) -> _Answer:
     """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning."""
     a_open = response.rfind(ANSWER_OPEN)
@@ -314,9 +475,12 @@ def extract_answer(response: str) -> _Answer:
     if not spans:
         return _Answer(None, False, False)
     a, b = spans[-1]
-    if t_close < 0:  # no reasoning marker: only values boxed on the final line compete
-        line_start = region.rfind("\n", 0, a) + 1
-        spans = [s for s in spans if s[0] >= line_start]
+    # no reasoning marker: only values boxed on the final line compete; and never those taken back before the
+    # last box ("First \boxed{5}. Wait, I made an error. The answer is \boxed{6}.")
+    start = region.rfind("\n", 0, a) + 1 if t_close < 0 else 0
+    for cue in _CORRECTION_RE.finditer(region, start, a):
+        start = cue.end()
+    spans = [s for s in spans if s[0] >= start]
     agree, others = _agree(region, spans)
     return _Answer(region[a:b], True, not agree, others)
 
@@ -752,8 +916,93 @@ def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
 _ASSIGNMENT_RE = re.compile(r"([a-zA-Z])=([^=<>]+)")  # x=5: the value of one variable
 
 
+_WRAPPED_WORD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mbox|mathrm)\{([a-zA-Z'-]+)\}")  # spaces gone
+_PLAIN_WORD_RE = re.compile(r"[a-zA-Z'-]+")
+
+
+def _spelled(s: str) -> str | None:
+    """A number written in words (after _norm: twentyfour, \\text{twelve}) as digits, else None."""
+    wrapped = _WRAPPED_WORD_RE.fullmatch(s) if s.startswith("\\") else None
+    word = wrapped.group(1) if wrapped else s
+    if not _PLAIN_WORD_RE.fullmatch(word):
+        return None
+    word = word.lower().replace("-", "")
+    tokens = _NUMBER_TOKEN_RE.findall(word)
+    value = _spelled_value(tokens) if "".join(tokens) == word else None
+    return None if value is None else str(value)
+
+
+def _word(s: str) -> tuple[str, bool] | None:
+    """(the word or words, lower case, a plural's s dropped; whether written in \\text{}), None if not words."""
+    wrapped = _WRAPPED_WORD_RE.fullmatch(s) if s.startswith("\\") else None
+    word = wrapped.group(1) if wrapped else s
+    if not _PLAIN_WORD_RE.fullmatch(word):
+        return None
+    word = word.lower().replace("-", "").replace("'", "")
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):  # no solutions
+        word = word[:-1]
+    return word, wrapped is not None
+
+
+def _word_verdict(a: str, t: str) -> bool | None:
+    """Words against words, whatever their case (Monday for \\text{Monday}); a word is not a number."""
+    wa, wt = _word(a), _word(t)
+    if wa is None and wt is None:
+        return None
+    if wa is not None and wt is not None:
+        # plain letters on both sides may be algebra (ab for ba): math_verify decides those
+        return wa[0] == wt[0] if wa[1] or wt[1] else None
+    word, other = (wa, t) if wa is not None else (wt, a)
+    return False if word[1] and _exact(other) is not None else None
+
+
+_ALTERNATIVES_RE = re.compile(r"\\text\{(?:or|and)\}")  # 1 \text{ or } 2 after _norm
+_PLUS_MINUS_RE = re.compile(r"\\(?:pm|mp)")
+_THOUSANDS_GROUP_RE = re.compile(r"\d,\d{3}(?!\d)")
+
+
+def _values(s: str) -> set[tuple[Fraction, Fraction]] | None:
+    """The exact values a list of solutions holds (1,2 / x=1,x=2 / \\pm5 / 3\\pm1), None if one is not exact."""
+    items = _top_level(_ALTERNATIVES_RE.sub(",", s), comma_needs_space=False)
+    if items is None:
+        return None
+    values = set()
+    for item in items:
+        assigned = _ASSIGNMENT_RE.fullmatch(item)
+        item = assigned.group(2) if assigned else item
+        sign = _PLUS_MINUS_RE.search(item)
+        if sign is not None:  # 3\pm1 is 3+(1) and 3-(1)
+            head, tail = item[: sign.start()], item[sign.end() :]
+            spellings = [f"{head}+({tail})", f"{head}-({tail})"]
+        for text in spellings if sign is not None else [item]:
+            value = _exact(text)
+            if value is None or not value.exact:  # decimals keep math_verify's rounding
+                return None
+            values.add((value.re, value.im))
+    return values
+
+
+def _set_verdict(a: str, t: str) -> bool | None:
+    """Solutions as sets of exact values: 1 or 2 for 1, 2; 5, -5 for \\pm 5; not 5 alone, nor the pair (1, 2)."""
+    alternatives = _ALTERNATIVES_RE.search(a) is not None
+    bracketed = t[:1] in ("(", "[") and t[-1:] in (")", "]") and "," in t
+    if alternatives and bracketed and len(_top_level(t, comma_needs_space=False) or ()) == 1:
+        return False  # "1 or 2" is two answers, not the point or interval (1, 2)
+    if not (alternatives or "," in a or "," in t or "\\pm" in a or "\\pm" in t or "\\mp" in a or "\\mp" in t):
+        return None
+    if _THOUSANDS_GROUP_RE.search(a) or _THOUSANDS_GROUP_RE.search(t):
+        return None  # 1,000, 2,000: separators or items, math_verify decides
+    av, tv = _values(a), _values(t)
+    if av is None or tv is None or len(av) == 1 and len(tv) == 1:
+        return None
+    return av == tv
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
+    if a == t:
+        return True
+    a, t = _spelled(a) or a, _spelled(t) or t  # twelve is 12
     if a == t:
         return True
     a_set, t_set = _ASSIGNMENT_RE.fullmatch(a), _ASSIGNMENT_RE.fullmatch(t)
@@ -761,6 +1010,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
         return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
     if t_set is not None and a_set is None and "=" not in a:
         return _verdict_one(a, t_set.group(2))
+    for rule in (_word_verdict, _set_verdict):
+        verdict = rule(a, t)
+        if verdict is not None:
+            return verdict
     a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
     if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
         return False  # 5 m is not 5 cm (math_verify 0.9.0 drops both units and would say it is)

@@ -297,9 +297,28 @@ FIRST_CALL = """
 FIRST_CALL_ARGS = (str(REWARD_PATH), make("\\boxed{0.5}"), "\\frac12")
 
 
+ENTRY_POINTS = 2  # FIRST_CALL calls compute_score and compute_score_batch, one line each
+
+
 def _raised(done: subprocess.CompletedProcess) -> list[str | None]:
+    """What each entry point raised (None: it returned a score); every entry point must have reported.
+
+    Without the count, a run that printed nothing (an empty list) passed every check below.
+    """
     assert done.returncode == 0, done.stderr
-    return [json.loads(line)["raised"] for line in done.stdout.splitlines()]
+    raised = [json.loads(line)["raised"] for line in done.stdout.splitlines()]
+    assert len(raised) == ENTRY_POINTS, (
+        f"expected one line from each of the {ENTRY_POINTS} entry points, got {done.stdout!r} ({done.stderr!r})"
+    )
+    return raised
+
+
+@pytest.mark.parametrize("stdout", ["", json.dumps({"raised": "x"}) + "\n"], ids=["nothing", "one of two"])
+def test_a_run_that_reports_too_little_fails_the_check(stdout):
+    """The checks on what the first call raised fail when the entry points did not all report."""
+    done = subprocess.CompletedProcess(args=[], returncode=0, stdout=stdout, stderr="")
+    with pytest.raises(AssertionError, match="expected one line from each of the 2 entry points"):
+        _raised(done)
 
 
 def test_math_verify_that_cannot_import_fails_the_first_call(tmp_path):
