@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         layout,
         check_lora(cfg),
         check_rollout_budget(cfg, tree.view),
-        check_reward(cfg),
+        check_reward(cfg, tree.view),
         check_model(cfg, args.made_by),
         check_data(cfg, args.made_by),
         check_logger(cfg),
