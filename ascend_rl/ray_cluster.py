@@ -1,13 +1,17 @@
 """Start a Ray node with Ascend NPU resources, wait for a cluster to fill, print a node plan.
 
-    ray_cluster.py start --head [--nodes N --timeout S]   on the head node
-    ray_cluster.py start --worker HEAD_IP[:PORT]          on every other node
-    ray_cluster.py wait --nodes N [--timeout S]           until N nodes are alive
-    ray_cluster.py plan --nodes N --head-ip IP -- CMD...  the node-by-node commands
+    ray_cluster.py start --head [--nodes N --timeout S] [--cpu]   on the head node
+    ray_cluster.py start --worker HEAD_IP[:PORT] [--cpu]          on every other node
+    ray_cluster.py wait --nodes N [--timeout S]                   until N nodes are alive
+    ray_cluster.py plan --nodes N --head-ip IP -- CMD...          the node-by-node commands
 
 The socket interface (`--ifname`, else $SOCKET_IFNAME, else the default route's) is
 exported as GLOO_SOCKET_IFNAME, HCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME before `ray
-start`, so every Ray worker on the node inherits it.
+start`, so every Ray worker on the node inherits it. `ray start` is the `ray` command of
+the Python running this (beside it, or in its scripts folder), never whichever is first
+on PATH. `--cpu` is a node without NPUs (the launcher's CPU profile, the simulated
+cluster of ascend_rl.cluster): it also offers the lowercase `cpu` resource verl's CPU
+placement bundles ask for, one per rank, with a small object store and no dashboard.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ import os
 import shlex
 import socket
 import struct
+import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_PORT = 6379
+# A CPU node's object store: each raylet sees the whole machine's memory, and Ray's default (30 % of it) would
+# apply to every simulated node on one machine; a CPU run moves small batches only (objects beyond it spill).
+CPU_OBJECT_STORE_BYTES = 512 * 1024**2
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
@@ -65,13 +74,48 @@ def resolve_ifname(given: str | None) -> str:
     return name
 
 
+def ray_executable(python: str | None = None) -> str:
+    """The `ray` command installed with the Ray of `python` (default: this interpreter): beside it (a venv's
+    bin/), else in its scripts folder (a system Python's /usr/local/bin). Not PATH's: that may be another
+    Python's Ray, or none (a node whose shell has no venv activated)."""
+    python = python or sys.executable
+    folders = [Path(python).parent]
+    if python == sys.executable:
+        folders.append(Path(sysconfig.get_path("scripts")))
+    for folder in folders:
+        candidate = folder / "ray"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ClusterError(
+        f"no `ray` command beside {python} (looked in {', '.join(dict.fromkeys(map(str, folders)))}); install "
+        "ray into that environment, or run with the Python ray is installed in (PYTHON=... for ray_start.sh)"
+    )
+
+
 def start_command(
-    head: bool, address: str | None, node_ip: str, npus: int, port: int = DEFAULT_PORT
+    head: bool,
+    address: str | None,
+    node_ip: str,
+    npus: int,
+    port: int = DEFAULT_PORT,
+    *,
+    ray: str = "ray",
+    cpu: bool = False,
+    object_store_memory: int | None = None,
 ) -> list[str]:
-    """The `ray start` argv for a head or a worker node with `npus` NPU resources."""
-    argv = ["ray", "start", f"--node-ip-address={node_ip}", f"--resources={json.dumps({'NPU': npus})}"]
+    """The `ray start` argv for a head or a worker node with `npus` NPU resources. A CPU node (`cpu`) also
+    offers `npus` of the lowercase `cpu` resource (verl's placement bundles ask for one per rank with
+    trainer.device=cpu; offering as many as the node's ranks is what spreads the ranks over the nodes), a
+    CPU_OBJECT_STORE_BYTES object store unless `object_store_memory` says otherwise, and no dashboard."""
+    resources = {"NPU": npus, "cpu": npus} if cpu else {"NPU": npus}
+    argv = [ray, "start", f"--node-ip-address={node_ip}", f"--resources={json.dumps(resources)}"]
+    if cpu and object_store_memory is None:
+        object_store_memory = CPU_OBJECT_STORE_BYTES
+    if object_store_memory is not None:
+        argv.append(f"--object-store-memory={object_store_memory}")
     if head:
-        argv += ["--head", f"--port={port}", "--dashboard-host=0.0.0.0"]
+        argv += ["--head", f"--port={port}"]
+        argv.append("--include-dashboard=false" if cpu else "--dashboard-host=0.0.0.0")
     else:
         if not address:
             raise ClusterError("--worker needs the head's address, e.g. --worker 10.0.0.1:6379")
@@ -79,16 +123,21 @@ def start_command(
     return argv
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)  # a progress line, seen as it happens through a pipe too
+
+
 def wait_for_nodes(
     count_alive: Callable[[], int],
     nodes: int,
     timeout: float,
-    interval: float = 5.0,
+    interval: float = 2.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] | None = None,
 ) -> int:
     """Poll `count_alive` until it reaches `nodes`; raise ClusterError after `timeout` seconds."""
+    say = say or _say
     deadline = clock() + timeout
     last = -1
     while True:

@@ -1,4 +1,5 @@
-"""The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources, wait for a cluster to fill, print a node plan."""
+"""The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources (or, with --cpu, a
+node without NPUs), wait for a cluster to fill, print a node plan."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import sys
 
 from ascend_rl import ray_cluster as _library
 from ascend_rl.ray_cluster import (
+    CPU_OBJECT_STORE_BYTES,
     DEFAULT_PORT,
     IFNAME_VARS,
     ClusterError,
     ifname_ipv4,
     node_plan,
     ray_alive_counter,
+    ray_executable,
     resolve_ifname,
     start_command,
     wait_for_nodes,
@@ -30,6 +33,24 @@ def _nodes(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a node count (1 or more), not {text!r}")
+    return value
+
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+_OBJECT_STORE_MIN = 75 * 1024**2  # Ray's minimum (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES)
+
+
+def _bytes(text: str) -> int:
+    """A size in bytes, or with a K, M or G suffix (binary): 536870912, 512M, 1G; at least Ray's 75 MiB."""
+    number, unit = text.strip(), ""
+    if number[-1:].upper() in ("K", "M", "G"):
+        number, unit = number[:-1], number[-1].upper()
+    try:
+        value = int(float(number) * _UNITS[unit])
+    except ValueError:
+        value = -1
+    if value < _OBJECT_STORE_MIN:
+        raise argparse.ArgumentTypeError(f"must be a size of at least 75M (Ray's minimum), not {text!r}")
     return value
 
 
@@ -49,6 +70,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     start.add_argument("--npus", type=int, default=16, help="NPU resources of this node (A3: 16 dies)")
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help="Ray GCS port on the head")
     start.add_argument("--ifname", help="socket interface (default $SOCKET_IFNAME, else the default route's)")
+    start.add_argument(
+        "--cpu",
+        action="store_true",
+        help="a node without NPUs: also offer --npus of the lowercase `cpu` resource verl's CPU bundles ask "
+        f"for (one per rank), a {CPU_OBJECT_STORE_BYTES // 1024**2} MiB object store, no dashboard",
+    )
+    start.add_argument(
+        "--object-store-memory",
+        type=_bytes,
+        metavar="SIZE",
+        help="Ray's object store on this node (bytes, or 512M, 2G); default: Ray's 30%% of memory, "
+        f"{CPU_OBJECT_STORE_BYTES // 1024**2}M with --cpu",
+    )
     start.add_argument(
         "--dry-run", action="store_true", help="print the environment and command, start nothing"
     )
@@ -77,9 +111,19 @@ def _start(args: argparse.Namespace) -> int:
     node_ip = ifname_ipv4(ifname)
     for var in IFNAME_VARS:
         os.environ[var] = ifname
-    argv = start_command(args.head, args.worker, node_ip, args.npus, args.port)
-    print(" ".join(f"{var}={ifname}" for var in IFNAME_VARS))
-    print(shlex.join(argv))
+    argv = start_command(
+        args.head,
+        args.worker,
+        node_ip,
+        args.npus,
+        args.port,
+        ray=ray_executable(),
+        cpu=args.cpu,
+        object_store_memory=args.object_store_memory,
+    )
+    # flushed: `ray start` writes to the same stdout, often a pipe (tee, a cluster's exec)
+    print(" ".join(f"{var}={ifname}" for var in IFNAME_VARS), flush=True)
+    print(shlex.join(argv), flush=True)
     if args.dry_run:
         if args.head and args.nodes > 1:
             print(f"then wait up to {args.timeout:g}s for {args.nodes} nodes")

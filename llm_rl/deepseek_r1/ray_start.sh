@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # Start this node's Ray process for the DeepSeek-R1 A3 run (run on every node first).
 #
-#   bash ray_start.sh --head [--nodes 16] [--timeout 1800] [--dry-run]   on the head node
-#   bash ray_start.sh --worker HEAD_IP[:6379] [--dry-run]                 on each other node
+#   bash ray_start.sh --head [--nodes 16] [--timeout 1800] [--cpu] [--dry-run]   on the head node
+#   bash ray_start.sh --worker HEAD_IP[:6379] [--cpu] [--dry-run]                 on each other node
 #
 # Each A3 node offers 16 NPU resources (8 cards, 2 dies each; NPUS_PER_NODE overrides).
 # SOCKET_IFNAME names the cluster network interface (default: the default route's); it is
 # exported as GLOO_SOCKET_IFNAME, HCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME. The head waits
 # until --nodes nodes joined and fails with one line after --timeout seconds.
+# Python: PYTHON, else python3 on PATH, else the repository's venvs, as the launcher finds it
+# (scripts/find_python.sh); Ray is the `ray` installed with that Python, not PATH's.
+# --cpu (or PROFILE=cpu): a node without NPUs, for a CPU run across nodes (the simulated
+# cluster, docs/cluster.md): NPUS_PER_NODE ranks (default 1) of the
+# lowercase `cpu` resource verl's CPU bundles ask for, a 512 MiB object store, no dashboard,
+# the CPU verl tree (verl-<base>-cpu). --object-store-memory SIZE overrides the store.
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
-case " $* " in *" --help "*|*" -h "*) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case " $* " in *" --help "*|*" -h "*) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;; esac
+
+# --cpu or PROFILE=cpu (as the launcher takes them): passed on to ray_cluster start once
+PROFILE="${PROFILE:-npu}"
+case " $* " in *" --cpu "*) PROFILE=cpu ;; esac
+case "$PROFILE" in
+  npu) ;;
+  cpu) case " $* " in *" --cpu "*) ;; *) set -- "$@" --cpu ;; esac ;;
+  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
+esac
 
 # Ray workers inherit this environment from the raylet: set it here, on every node.
 # shellcheck source=llm_rl/deepseek_r1/env.sh
@@ -23,7 +38,19 @@ export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"
 export ASCEND_GLOBAL_LOG_LEVEL="${ASCEND_GLOBAL_LOG_LEVEL:-3}"
 export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")}"
+if [ "$PROFILE" = cpu ]; then
+  VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"  # the tree the CPU profile runs (cpu_profile.sh)
+  NPUS_PER_NODE="${NPUS_PER_NODE:-1}"
+fi
 VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
-PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec python3 -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"
+# shellcheck source=../../scripts/find_python.sh
+source "$REPO_DIR/scripts/find_python.sh"
+recipes_find_python "$(basename "$0")" || exit 1
+"$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ray") is None)' 2>/dev/null || {
+  echo "$(basename "$0"): $PYTHON has no ray; install the stack into it or set PYTHON to the Python ray is installed in" >&2
+  exit 1
+}
+
+PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"
