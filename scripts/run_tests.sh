@@ -6,7 +6,7 @@
 # machine), then runs pytest on TEST_WORKERS workers (default 2; 0 runs in one process) with --durations, and
 # ends with the set-up and test wall times. PYTEST_ARGS adds pytest options (e.g. PYTEST_ARGS="-x").
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 case "${1:-}" in
   ci) select=(-m "not full") ;;

@@ -38,7 +38,8 @@ def _pin(base: str = BASE) -> dict:
 
 def _get(what: str, fn, *args) -> Path:
     """fn(*args), an artifact from the package index, with tests/ci_policy.py's verdict when it cannot be had."""
-    from ci_policy import get_artifact  # imported here: a plugin module imported early is not assert-rewritten
+    # imported here: a plugin module imported before pytest registers it is not assert-rewritten
+    from ci_policy import get_artifact
 
     return get_artifact(what, fn, *args)
 
