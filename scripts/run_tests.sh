@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run one tier of the test suite with its set-up, and say where the time went:
-#   bash scripts/run_tests.sh ci     # make test: what CI runs (pytest -m "not full"), about 30 minutes fresh
+#   bash scripts/run_tests.sh ci     # make test: what CI runs (pytest -m "not full"), budget 30 minutes fresh
 #   bash scripts/run_tests.sh full   # make test-full: the whole matrix, every run, control and kill
 # It sets up .venv (scripts/setup_dev.sh) and, beside it, the e2e environment (scripts/setup_e2e.sh, once per
 # machine), then runs pytest on TEST_WORKERS workers (default 2; 0 runs in one process) with --durations, and
