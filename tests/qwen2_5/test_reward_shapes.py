@@ -201,16 +201,19 @@ def held_out() -> list[dict]:
 
 
 def figures(module, rows: list[dict]) -> dict:
-    """Accuracy, false positives and misses of a reward module on rows of the held-out file's shape."""
+    """Accuracy, false positives and misses of a reward module on rows of a held-out file's shape.
+
+    A row holds an answer block (scored inside the recipe's format) or a whole response (scored as it is).
+    """
     misses, false_positives = [], []
     for row in rows:
+        response = row["response"] if "response" in row else make(row["block"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got = module.compute_score_dict("s", make(row["block"]), row["truth"])["correct"]
+            got = module.compute_score_dict("s", response, row["truth"])["correct"]
         if got != row["right"]:
-            (misses if row["right"] else false_positives).append(
-                (row["category"], row["block"], row["truth"])
-            )
+            shown = row.get("block", row.get("response"))
+            (misses if row["right"] else false_positives).append((row["category"], shown, row["truth"]))
     wrong = len(misses) + len(false_positives)
     return {
         "items": len(rows),
@@ -221,6 +224,26 @@ def figures(module, rows: list[dict]) -> dict:
     }
 
 
+def print_figures(path: Path, sets: dict[str, list[dict]]) -> int:
+    """figures() of the reward file at path on each named set of rows, printed with every miss and false positive."""
+    spec = importlib.util.spec_from_file_location("reward_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, rows in sets.items():
+        result = figures(module, rows)
+        print(
+            f"{name:<12} {result['items']} answers ({result['right']} right, {result['items'] - result['right']}"
+            f" near misses): accuracy {result['accuracy']:.3f}, false positives {len(result['false_positives'])},"
+            f" missed {len(result['misses'])}"
+        )
+        for kind in ("false_positives", "misses"):
+            for category, shown, truth in result[kind]:
+                label = "missed" if kind == "misses" else "false positive"
+                print(f"    {label}: [{category}] {shown!r} for {truth!r}")
+    module.shutdown()
+    return 0
+
+
 def test_held_out_shapes(reward):
     """The issue's target on the held-out set: accuracy >= 0.99 and no false positive."""
     result = figures(reward, held_out())
@@ -229,32 +252,14 @@ def test_held_out_shapes(reward):
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else REWARD_PATH
-    spec = importlib.util.spec_from_file_location("reward_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sets = {
-        "development": [
-            {"category": c, "block": b, "truth": t, "right": right}
-            for right, table in ((True, RIGHT), (False, WRONG))
-            for c, b, t in _flat(table)
-        ],
-        "held-out": held_out(),
-    }
-    for name, rows in sets.items():
-        result = figures(module, rows)
-        print(
-            f"{name:<12} {result['items']} pairs ({result['right']} equal, {result['items'] - result['right']} near"
-            f" misses): accuracy {result['accuracy']:.3f}, false positives {len(result['false_positives'])},"
-            f" missed {len(result['misses'])}"
-        )
-        for kind in ("false_positives", "misses"):
-            for category, block, truth in result[kind]:
-                print(
-                    f"    {kind[:-2] if kind == 'misses' else 'false positive'}: [{category}] {block!r} for {truth!r}"
-                )
-    module.shutdown()
-    return 0
+    development = [
+        {"category": c, "block": b, "truth": t, "right": right}
+        for right, table in ((True, RIGHT), (False, WRONG))
+        for c, b, t in _flat(table)
+    ]
+    return print_figures(
+        Path(argv[0]) if argv else REWARD_PATH, {"development": development, "held-out": held_out()}
+    )
 
 
 if __name__ == "__main__":

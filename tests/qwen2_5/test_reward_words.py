@@ -15,16 +15,15 @@ checkout's), e.g. for the reward before this work, written out with ``git show R
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
 from test_reward import REWARD_PATH, load_reward, make
+from test_reward_shapes import figures, print_figures
 
 HELD_OUT = Path(__file__).resolve().parent / "reward_words_heldout.jsonl"
 
@@ -171,30 +170,6 @@ def held_out() -> list[dict]:
     return rows
 
 
-def figures(module, rows: list[dict]) -> dict:
-    """Accuracy, false positives and misses of a reward module on rows of the held-out file's shape.
-
-    A row holds an answer block (scored inside the recipe's format) or a whole response (scored as it is).
-    """
-    misses, false_positives = [], []
-    for row in rows:
-        response = row["response"] if "response" in row else make(row["block"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = module.compute_score_dict("s", response, row["truth"])["correct"]
-        if got != row["right"]:
-            shown = row.get("block", row.get("response"))
-            (misses if row["right"] else false_positives).append((row["category"], shown, row["truth"]))
-    wrong = len(misses) + len(false_positives)
-    return {
-        "items": len(rows),
-        "right": sum(row["right"] for row in rows),
-        "accuracy": round((len(rows) - wrong) / len(rows), 3),
-        "false_positives": false_positives,
-        "misses": misses,
-    }
-
-
 def test_held_out_words_and_lists(reward):
     """The issue's target on the held-out set: accuracy >= 0.99 and no false positive."""
     result = figures(reward, held_out())
@@ -204,35 +179,17 @@ def test_held_out_words_and_lists(reward):
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else REWARD_PATH
-    spec = importlib.util.spec_from_file_location("reward_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sets = {
-        "development": [
-            {"category": "table", "block": b, "truth": t, "right": right}
-            for right, table in ((True, RIGHT), (False, WRONG))
-            for b, t in table
-        ]
-        + [
-            {"category": "one line", "response": ONE_LINE, "truth": "6", "right": True},
-            {"category": "one line", "response": ONE_LINE, "truth": "5", "right": False},
-        ],
-        "held-out": held_out(),
-    }
-    for name, rows in sets.items():
-        result = figures(module, rows)
-        print(
-            f"{name:<12} {result['items']} answers ({result['right']} right, {result['items'] - result['right']}"
-            f" near misses): accuracy {result['accuracy']:.3f}, false positives {len(result['false_positives'])},"
-            f" missed {len(result['misses'])}"
-        )
-        for kind in ("false_positives", "misses"):
-            for category, shown, truth in result[kind]:
-                label = "missed" if kind == "misses" else "false positive"
-                print(f"    {label}: [{category}] {shown!r} for {truth!r}")
-    module.shutdown()
-    return 0
+    development = [
+        {"category": "table", "block": b, "truth": t, "right": right}
+        for right, table in ((True, RIGHT), (False, WRONG))
+        for b, t in table
+    ] + [
+        {"category": "one line", "response": ONE_LINE, "truth": "6", "right": True},
+        {"category": "one line", "response": ONE_LINE, "truth": "5", "right": False},
+    ]
+    return print_figures(
+        Path(argv[0]) if argv else REWARD_PATH, {"development": development, "held-out": held_out()}
+    )
 
 
 if __name__ == "__main__":
