@@ -171,7 +171,9 @@ def launch(
 
     done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
     show_new_steps()
-    rows = read_metrics(metrics)
+    rows = (
+        read_metrics(metrics) if done.returncode == 0 else []
+    )  # a failed run is told by its log, not its rows
     if done.returncode != 0 or not rows:
         why = "timed out" if done.timed_out else f"exit status {done.returncode}"
         err = HarnessError(
@@ -179,7 +181,7 @@ def launch(
             if done.returncode != 0
             else f"{name} run logged no step to {metrics}; see {log_path}"
         )
-        err.measured = done
+        err.measured = done  # the kills read a failed run's wall time and memory from it
         raise err
     print(
         f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_pss_gib:.1f} GiB "
