@@ -106,7 +106,7 @@ def test_make_demo_raises_the_held_out_accuracy(e2e_python, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.full  # ~250 s: make test-full; make test keeps the launch path through the e2e v071 run
 def test_short_demo_writes_the_summary_and_scores_every_answer(e2e_python, tmp_path):
     out = tmp_path / "demo_out"
     proc = subprocess.run(
