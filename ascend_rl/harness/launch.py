@@ -1,12 +1,14 @@
 """One recipe-launcher run on CPU, as the e2e runs and the demo make it, and what verl wrote for it.
 
 A *launch* is `bash <launcher> --cpu <overrides>` with the run's folders in its environment (<out>/<name>/:
-launcher.log, metrics.jsonl from verl's `file` logger, ckpt/), run through ascend_rl.runner (its own process
-group, a timeout, peak memory over the process tree). What the run did is read from what verl writes, never
-from its console: the steps from the metrics file, the step it resumed from from the checkpoint tracker
-(latest_checkpointed_iteration.txt in trainer.default_local_dir, the launcher's $CKPT_DIR/$RUN_NAME) as it
-stood before the run, confirmed by the first step in the metrics file. The console serves only the progress
-display (each new metrics row is shown as it appears) and the last error line of a failed run.
+launcher.log, metrics.jsonl from verl's `file` logger, ckpt/, shm.jsonl: the /dev/shm names its processes
+made), run through ascend_rl.runner (its own process group, a timeout, peak memory over the process tree);
+what it left in /dev/shm is removed by name when it ends, and before the next launch in <out> (shm.py).
+What the run did is read from what verl writes, never from its console: the steps from the metrics file, the
+step it resumed from from the checkpoint tracker (latest_checkpointed_iteration.txt in
+trainer.default_local_dir, the launcher's $CKPT_DIR/$RUN_NAME) as it stood before the run, confirmed by the
+first step in the metrics file. The console serves only the progress display (each new metrics row is shown as
+it appears) and the last error line of a failed run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ascend_rl import runner
+from ascend_rl.harness import shm
 from ascend_rl.paths import HARNESS_HOOKS, REPO
 
 QWEN_LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
@@ -40,6 +43,9 @@ DS_GAP_KEYS = {
     "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
 }
 FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
+# How long a run's /dev/shm cleanup waits for the processes that created its entries to end (a killed group's
+# processes are gone within a second; one outside the group exits once its raylet has died).
+SHM_SETTLE_S = 10.0
 
 
 class HarnessError(Exception):
@@ -133,23 +139,33 @@ def launch(
     seed: Callable[[Path], None] | None = None,
     base: str | None = None,
     hook_env: dict[str, str] | None = None,
+    cmd_prefix: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     """`bash launcher --cpu overrides` in a fresh <out>/<name>/ (seed(that folder) first, when given); the output
     goes to <out>/<name>/launcher.log, each step verl logs to the terminal. disable_weight_sync: the negative
-    control (vLLM keeps the initial weights after its first sync)."""
+    control (vLLM keeps the initial weights after its first sync). cmd_prefix: what runs the command (nsenter into a
+    simulated node for the multi-node runs: ascend_rl/harness/multinode.py). extra_env: settings for the launcher
+    itself, over the run's own (NPUS=2 for the four-card launcher on two ranks)."""
     check_test_tier()
     run_dir = out / name
+    # what earlier runs in this folder left in /dev/shm (a killed one's, this name's included), before its record goes
+    say_shm(prefix, name, shm.clean_out(out), "earlier runs")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     if seed is not None:
         seed(run_dir)
+    # every /dev/shm name the run's processes create, recorded as they create it (hooks/recipes_shm_record.py)
+    hook_env = {**(hook_env or {}), shm.ENV: str(run_dir / shm.RECORD)}
     env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix, base, hook_env)
-    cmd = ["bash", str(launcher), "--cpu", *overrides]
+    env.update(extra_env or {})
+    cmd = [*(cmd_prefix or []), "bash", str(launcher), "--cpu", *overrides]
     log_path = run_dir / "launcher.log"
     metrics = Path(env["VERL_FILE_LOGGER_PATH"])
     # resume_mode=auto loads what the tracker names as the run starts; the run may then save checkpoints of its own
     checkpoint_at_start = tracked_step(Path(env["CKPT_DIR"]) / env["RUN_NAME"])
     on = f"VERL_BASE={base} " if base else ""
+    on += "".join(f"{key}={value} " for key, value in (extra_env or {}).items())
     print(f"{prefix}: {name}: {on}{' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     shown, seen_size = 0, -1
 
@@ -169,7 +185,10 @@ def launch(
         if line.startswith("preflight: error") or "Error executing job" in line:
             print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
 
-    done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
+    try:
+        done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
+    finally:  # however it ended: verl 0.7.1's vLLM engine is killed, never shut down, and leaves its queues
+        say_shm(prefix, name, shm.remove_leftovers(run_dir / shm.RECORD, settle_s=SHM_SETTLE_S), "the run")
     show_new_steps()
     rows = (
         read_metrics(metrics) if done.returncode == 0 else []
@@ -191,6 +210,13 @@ def launch(
     return RunResult(
         name, done.wall_s, done.peak_rss_gib, rows, resumed_from, checkpoint_at_start, done.peak_pss_gib
     )
+
+
+def say_shm(prefix: str, name: str, done: shm.Cleanup, what: str) -> None:
+    """The console line on a /dev/shm cleanup, when it found anything."""
+    line = shm.describe(done, what)
+    if line:
+        print(f"{prefix}: {name}: {line}", flush=True)
 
 
 @contextmanager

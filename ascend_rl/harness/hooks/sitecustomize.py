@@ -7,8 +7,10 @@ skipped, so the rollout samples from the initial weights while the actor trains.
 vllm_rollout_spmd (vLLMRollout, vLLMAsyncRollout), verl 0.7.1 in vllm_rollout (ServerAdapter, which sends
 the weights to the vLLM server's engine); the hook patches whichever of them the tree has.
 
-ascend_rl/harness/launch.py puts this folder on PYTHONPATH only for e2e's `--disable-weight-sync`, the negative
-control of the weight-sync check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level.
+ascend_rl/harness/launch.py puts this folder on PYTHONPATH for every harness launch (the /dev/shm record is always
+on); each hook acts only when its variable is set. `--disable-weight-sync` is the negative control of the weight-sync
+check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level. The other hooks
+(rank_evidence, recipes_memory_record, recipes_shm_record) are imported at the end; recipes_hook_util is what they share.
 Python imports sitecustomize at start-up in every process (the driver, Ray's workers, vLLM's engine),
 so the rollout classes are patched wherever they are loaded. It never ships in a recipe.
 
@@ -18,11 +20,11 @@ containing <text> (e.g. "global_step_2.partial/actor": a trainer rank writing it
 of it, at that moment, which is then a real point inside a save rather than a race against it.
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 import time
+
+from recipes_hook_util import install
 
 # module -> the rollout classes in it whose update_weights(weights, **kwargs) loads the actor's weights
 _TARGETS = {
@@ -59,38 +61,6 @@ def _pause_in_save(save):
     return wrapper
 
 
-class _PatchAfterLoad(importlib.abc.MetaPathFinder):
-    def __init__(self, targets):
-        self._targets = targets
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self._targets:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Patching(spec.loader, self._targets[fullname])
-        return spec
-
-
-class _Patching(importlib.abc.Loader):
-    """Loads a target module with its own loader, then patches it (patch(module))."""
-
-    def __init__(self, inner, patch):
-        self._inner, self._patch = inner, patch
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._patch(module)
-
-
 def _disable_sync(module):
     for name in _TARGETS[module.__name__]:
         cls = getattr(module, name, None)
@@ -104,6 +74,9 @@ def _pause_torch_save(module):
 
 
 if os.environ.get("RECIPES_E2E_DISABLE_WEIGHT_SYNC") == "1":
-    sys.meta_path.insert(0, _PatchAfterLoad(dict.fromkeys(_TARGETS, _disable_sync)))
+    install(dict.fromkeys(_TARGETS, _disable_sync))
 if os.environ.get("RECIPES_FAULT_PAUSE_SAVE") and os.environ.get("RECIPES_FAULT_MARKER"):
-    sys.meta_path.insert(0, _PatchAfterLoad({"torch": _pause_torch_save}))
+    install({"torch": _pause_torch_save})
+import rank_evidence  # noqa: E402,F401  (RECIPES_RANK_EVIDENCE: where each rank runs, hooks/rank_evidence.py)
+import recipes_memory_record  # noqa: E402,F401  (RECIPES_MEMORY_RECORD: bytes per rank and phase, hooks/recipes_memory_record.py)
+import recipes_shm_record  # noqa: E402,F401  (RECIPES_SHM_RECORD: the run's /dev/shm names, hooks/recipes_shm_record.py)

@@ -1,0 +1,321 @@
+"""What a run leaves in /dev/shm: recorded by name as its processes create it, removed by those names once nobody
+uses them (ascend_rl/harness/shm.py, the hook ascend_rl/harness/hooks/recipes_shm_record.py, launch()).
+
+The unit tests make real POSIX segments and semaphores in child processes that die the way a killed run's do
+(SIGKILL to their whole process group, multiprocessing's resource tracker included); each test removes what
+it made. The run-level test (make test-full) runs verl 0.7.1 through its launcher, whose vLLM engine is what
+left the psm_* segments, and compares /dev/shm before and after, also after a run killed with its harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import pytest
+
+from ascend_rl.harness import shm
+from ascend_rl.paths import HARNESS_HOOKS
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A child that makes what the hook records, then dies with its process group (its resource tracker too, as
+# Ray's kill of the vLLM server's children takes the tracker): one segment unlinked, one left, a spawn lock left.
+LEAKER = textwrap.dedent(
+    """
+    import json, multiprocessing, os, signal
+    from multiprocessing import shared_memory
+    gone = shared_memory.SharedMemory(create=True, size=4096)
+    gone.close()
+    gone.unlink()
+    left = shared_memory.SharedMemory(create=True, size=8192)
+    lock = multiprocessing.get_context("spawn").Lock()
+    print(json.dumps({"gone": gone.name, "left": left.name, "sem": "sem." + lock._semlock.name.lstrip("/")}), flush=True)
+    os.killpg(0, signal.SIGKILL)
+    """
+)
+
+
+def _leak(record: Path) -> dict:
+    """Run LEAKER with the hook recording into `record`; the names it printed."""
+    env = {**os.environ, "PYTHONPATH": str(HARNESS_HOOKS), shm.ENV: str(record)}
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,  # its own group: the kill takes it and its tracker, never pytest
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _unlink_all(*names: str) -> None:
+    for name in names:
+        (shm.SHM / name).unlink(missing_ok=True)
+
+
+def test_the_hook_records_what_a_killed_process_created_and_left(tmp_path):
+    record = tmp_path / "shm.jsonl"
+    names = _leak(record)
+    try:
+        events = [json.loads(line) for line in record.read_text().splitlines()]
+        created = {e["name"]: e for e in events if e["event"] == "create"}
+        assert set(created) == {names["gone"], names["left"], names["sem"]}
+        assert created[names["left"]]["size"] == 8192 and created[names["left"]]["kind"] == "shm"
+        assert created[names["sem"]]["kind"] == "sem"
+        assert created[names["left"]]["by"].startswith("<string>:"), "the creating line names the caller"
+        # the hook records, it never cleans: the kill left the segment and the semaphore
+        assert (shm.SHM / names["left"]).exists() and (shm.SHM / names["sem"]).exists()
+        assert not (shm.SHM / names["gone"]).exists()
+        assert set(shm.read_record(record)) == {names["left"], names["sem"]}, "unlinked names are not left"
+    finally:
+        _unlink_all(names["left"], names["sem"])
+
+
+def test_cleanup_removes_a_dead_runs_leftovers_by_its_record_only(tmp_path):
+    record = tmp_path / "run" / "shm.jsonl"
+    record.parent.mkdir()
+    names = _leak(record)
+    bystander = shared_memory.SharedMemory(create=True, size=4096)  # in /dev/shm, in no record: never touched
+    try:
+        bystander.close()  # nobody maps it now; only the record decides
+        done = shm.clean_out(tmp_path)
+        assert sorted(done.removed) == sorted([names["left"], names["sem"]]) and not done.kept
+        assert not (shm.SHM / names["left"]).exists() and not (shm.SHM / names["sem"]).exists()
+        assert (shm.SHM / bystander.name).exists()
+        # the removals are recorded: a second cleanup has nothing to do
+        assert shm.read_record(record) == {}
+        assert shm.clean_out(tmp_path) == shm.Cleanup()
+    finally:
+        bystander.unlink()
+        _unlink_all(names["left"], names["sem"])
+
+
+def test_an_entry_a_live_process_maps_is_kept(tmp_path):
+    record = tmp_path / "shm.jsonl"
+    names = _leak(record)
+    reader = shared_memory.SharedMemory(name=names["left"])  # a live process (this one) maps it
+    # Python 3.11 tracks an attachment as if it had created the segment: the unlink is not this process's
+    resource_tracker.unregister(reader._name, "shared_memory")
+    try:
+        assert names["left"] in shm.in_use()
+        done = shm.remove_leftovers(record)
+        assert done.kept == {names["left"]: "in use by a live process"}
+        assert done.removed == [names["sem"]]
+        assert (shm.SHM / names["left"]).exists()
+        reader.close()
+        assert shm.remove_leftovers(record).removed == [names["left"]]
+    finally:
+        reader.close()
+        _unlink_all(names["left"], names["sem"])
+
+
+def test_an_entry_whose_creator_still_runs_is_kept(tmp_path):
+    mine = shared_memory.SharedMemory(create=True, size=4096)
+    mine.close()  # unmapped, but its creator (this process) is alive and may still use the name
+    record = tmp_path / "shm.jsonl"
+    pid = os.getpid()
+    event = {"event": "create", "kind": "shm", "name": mine.name, "pid": pid, "start": shm.start_time(pid)}
+    record.write_text(json.dumps(event) + "\n")
+    try:
+        done = shm.remove_leftovers(record)
+        assert done.kept == {mine.name: f"its creator (pid {pid}) is still running"} and not done.removed
+        assert (shm.SHM / mine.name).exists()
+        # the same pid with another start time is another process: the creator has ended
+        record.write_text(json.dumps({**event, "start": event["start"] - 1}) + "\n")
+        assert shm.remove_leftovers(record).removed == [mine.name]
+    finally:
+        if (shm.SHM / mine.name).exists():
+            mine.unlink()
+        else:
+            resource_tracker.unregister(mine._name, "shared_memory")
+
+
+def test_a_recorded_name_that_is_a_path_is_never_followed(tmp_path):
+    """The cleanup acts only on plain names inside the shm folder (here a stand-in folder)."""
+    shm_dir, outside = tmp_path / "shm", tmp_path / "precious"
+    shm_dir.mkdir()
+    outside.write_text("keep")
+    (shm_dir / "psm_dead").write_text("")
+    (shm_dir / "psm_unrecorded").write_text("")
+    lines = [
+        {"event": "create", "name": "../precious", "pid": 1 << 30},
+        {"event": "create", "name": "psm_dead", "pid": 1 << 30},
+        {"event": "create", "name": ".", "pid": 1 << 30},
+    ]
+    record = tmp_path / "shm.jsonl"
+    record.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "create", "na')  # cut short
+    done = shm.remove_leftovers(record, shm_dir)
+    assert done.removed == ["psm_dead"]
+    assert outside.read_text() == "keep" and (shm_dir / "psm_unrecorded").exists()
+
+
+# --- launch() with a stand-in launcher --------------------------------------------------------------------
+
+# A launcher whose "engine" makes a segment and a lock and is killed with its group before it can unlink them.
+STANDIN = """python - <<'EOF'
+import multiprocessing, os, signal
+from multiprocessing import shared_memory
+segment = shared_memory.SharedMemory(create=True, size=4096)
+lock = multiprocessing.get_context("spawn").Lock()
+print("made", segment.name, flush=True)
+os.killpg(0, signal.SIGKILL)
+EOF
+"""
+
+
+@pytest.mark.ci  # it calls launch(), which asks every test that launches for its tier
+def test_launch_removes_what_its_run_left_and_what_an_earlier_killed_run_left(tmp_path, capsys):
+    from ascend_rl.harness.launch import HarnessError, launch
+
+    out = tmp_path / "out"
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(STANDIN)
+    # an earlier run in this folder, killed together with its harness: its record and leftovers remain
+    (out / "earlier").mkdir(parents=True)
+    earlier = _leak(out / "earlier" / "shm.jsonl")
+    made = []
+    try:
+        assert (shm.SHM / earlier["left"]).exists()
+        with pytest.raises(HarnessError):
+            launch("run", launcher, [], out, tmp_path / "model", tmp_path / "data", timeout_s=60)
+        said = capsys.readouterr().out
+        made = sorted(_created(out / "run" / "shm.jsonl"))
+        assert len(made) == 2, "the stand-in's segment and lock, recorded through the launcher's PYTHONPATH"
+        assert not any((shm.SHM / name).exists() for name in made), said
+        assert not (shm.SHM / earlier["left"]).exists() and not (shm.SHM / earlier["sem"]).exists(), said
+        first, second = (line for line in said.splitlines() if "/dev/shm" in line)
+        assert first.startswith("e2e: run: removed 2 /dev/shm entries earlier runs left"), said
+        assert earlier["left"] in first and earlier["sem"] in first, said
+        assert second.startswith("e2e: run: removed 2 /dev/shm entries the run left"), said
+    finally:
+        _unlink_all(*made, *earlier.values())
+
+
+# --- a verl 0.7.1 run through its launcher ----------------------------------------------------------------
+
+
+def _listing() -> dict[str, int]:
+    """/dev/shm now: name -> size."""
+    found = {}
+    for entry in os.scandir(shm.SHM):
+        try:
+            found[entry.name] = entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
+    return found
+
+
+class RunWatcher(threading.Thread):
+    """Every second, the /dev/shm names the run's processes map (those whose environment carries `needle`),
+    seen from outside: what the hook must have recorded, whatever created it."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(daemon=True)
+        self.needle, self.seen, self.stop = needle.encode(), set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for pid in _processes(self.needle):
+                try:
+                    maps = Path(f"/proc/{pid}/maps").read_bytes()
+                except OSError:
+                    continue
+                for line in maps.splitlines():
+                    at = line.find(b"/dev/shm/")
+                    if at != -1 and not line.endswith(b" (deleted)"):  # Ray's object store unlinks its files
+                        self.seen.add(line[at + 9 :].decode(errors="replace"))
+            self.stop.wait(1.0)
+
+
+def _processes(needle: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _created(record: Path) -> set[str]:
+    """Every name the record says the run created (unlinked since or not)."""
+    lines = record.read_text().splitlines() if record.is_file() else []
+    return {e["name"] for e in map(json.loads, lines) if e["event"] == "create"}
+
+
+def _e2e(python: Path, out: Path, **popen) -> subprocess.Popen:
+    cmd = [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), "--runs", "v071", "--steps", "1"]
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+
+
+@pytest.mark.full
+def test_a_0_7_1_run_leaves_dev_shm_as_it_found_it_also_after_a_killed_one(e2e_python, tmp_path):
+    """First a run killed with its harness once vLLM's engine has made its queues (its leftovers stay: nothing of
+    it survives to clean up), then a whole one-step run in the same folder: it removes the killed run's
+    leftovers before it starts and its own once it ends. /dev/shm before and after: nothing the runs made or
+    mapped is left; the entries the runs' processes were seen to map are all in their records."""
+    out = tmp_path / "shm_out"
+    record = out / "v071" / "shm.jsonl"
+    before = _listing()
+
+    # 1. killed with its harness while its engine is up
+    killed = _e2e(e2e_python, out, start_new_session=True)
+    watcher = RunWatcher(str(record))
+    watcher.start()
+    deadline = time.monotonic() + 900
+    while not any(e.get("size", 0) >= 100 << 20 for e in shm.read_record(record).values()):
+        assert killed.poll() is None and time.monotonic() < deadline, killed.stdout.read()
+        time.sleep(1)
+    time.sleep(2)  # the watcher's next look
+    watcher.stop.set()
+    watcher.join()
+    os.killpg(killed.pid, signal.SIGKILL)  # the harness
+    for pid in _processes(str(record).encode()):  # the run (its own process group, and Ray's helpers)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed.wait(timeout=60)
+    killed_left, killed_made = shm.read_record(record), _created(record)
+    deadline = time.monotonic() + 30
+    while _processes(str(record).encode()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left_now = {name for name in killed_left if (shm.SHM / name).exists()}
+    assert left_now, "the killed run left nothing to clean up: the test would prove nothing"
+    assert watcher.seen - set(before) <= killed_made, "the run mapped names its record lacks"
+
+    # 2. a whole run in the same folder
+    run = _e2e(e2e_python, out)
+    watcher = RunWatcher(str(record))
+    watcher.start()
+    stdout, _ = run.communicate(timeout=1500)
+    watcher.stop.set()
+    watcher.join()
+    after = _listing()
+    # one step cannot move the policy far enough for e2e's weight-sync check (exit 1): the run itself is the point
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    assert summary.get("runs", {}).get("v071", {}).get("steps_done") == [1], stdout[-3000:]
+    assert "earlier runs left" in stdout, stdout[-3000:]
+    assert not any((shm.SHM / name).exists() for name in left_now), (
+        "the killed run's leftovers are still there"
+    )
+    made = _created(record)
+    new = {name: size for name, size in after.items() if name not in before}
+    mine = {name: size for name, size in new.items() if name in made | watcher.seen | killed_made}
+    assert not mine, f"the runs left {mine} in /dev/shm"
+    assert watcher.seen - set(before) <= made, "the run mapped names its record lacks"
