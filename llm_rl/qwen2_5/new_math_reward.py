@@ -2011,6 +2011,22 @@ TRL_TRUTH_COLUMNS = (
     "solution",
     "answer",
 )  # the dataset column holding the truth, first found
+# What GRPOTrainer passes besides the dataset's columns (0.29: prompts, completions, completion_ids,
+# trainer_state; 1.x adds log_extra, log_metric, and environments when it has some), and trl_reward's own
+# options: none of them is a column, so the missing-truth error never lists them as one.
+TRL_NOT_COLUMNS = frozenset(
+    {
+        "prompts",
+        "completions",
+        "completion_ids",
+        "trainer_state",
+        "log_extra",
+        "log_metric",
+        "environments",
+        "timeout",
+        "num_workers",
+    }
+)
 
 
 def _completion_text(completion: Any) -> Any:
@@ -2041,10 +2057,11 @@ def trl_reward(completions: list, **kwargs: Any) -> list[float]:
     elif "reward_model" in kwargs:
         truths = [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]]
     else:
+        # a callable is one of TRL's hooks (log_extra, log_metric, any later one), never a column's values
+        columns = sorted(k for k, v in kwargs.items() if k not in TRL_NOT_COLUMNS and not callable(v))
         raise ValueError(
             "trl_reward needs the ground truth in a dataset column named "
-            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the columns TRL passed are "
-            f"{sorted(k for k in kwargs if k not in ('prompts', 'completion_ids', 'trainer_state'))}"
+            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the dataset's columns are {columns}"
         )
     if len(truths) != len(completions):
         raise ValueError(f"trl_reward got {len(completions)} completions and {len(truths)} ground truths")
