@@ -2,7 +2,9 @@
 
     ray_cluster.py start --head [--nodes N --timeout S] [--cpu]   on the head node
     ray_cluster.py start --worker HEAD_IP[:PORT] [--cpu]          on every other node
-    ray_cluster.py wait --nodes N [--timeout S]                   until N nodes are alive
+    ray_cluster.py wait --nodes N [--timeout S] [--resource NAME=COUNT]...
+                                                                  until N nodes are alive (each offering COUNT)
+    ray_cluster.py watch --pending-timeout S [--end-driver]       end a run whose placement group never places
     ray_cluster.py plan --nodes N --head-ip IP -- CMD...          the node-by-node commands
 
 The socket interface (`--ifname`, else $SOCKET_IFNAME, else the default route's) is
@@ -12,13 +14,21 @@ the Python running this (beside it, or in its scripts folder), never whichever i
 on PATH. `--cpu` is a node without NPUs (the launcher's CPU profile, the simulated
 cluster of ascend_rl.cluster): it also offers the lowercase `cpu` resource verl's CPU
 placement bundles ask for, one per rank, with a small object store and no dashboard.
+
+The start-up faults end in one line each: an interface the node lacks (named, with the interfaces the node
+has), fewer nodes than asked by the timeout (how many of how many), a node without a resource the job's
+placement bundles ask for (`wait --resource`: the resource, and what every node offers), a placement group
+that stays pending (`watch`: its bundles, why no node holds them, what every node offers; it can end the
+job's driver, which verl's `ray.get(pg.ready())` would otherwise keep waiting forever).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import signal
 import socket
 import struct
 import sys
@@ -51,26 +61,47 @@ def default_route_ifname(route_table: Path = Path("/proc/net/route")) -> str | N
     return None
 
 
-def ifname_ipv4(ifname: str) -> str:
-    """The IPv4 address of a network interface (Linux SIOCGIFADDR)."""
+def _ioctl_ipv4(ifname: str) -> str:
+    """The IPv4 address of a network interface (Linux SIOCGIFADDR); OSError when it has none or is absent."""
     import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
-        except OSError as exc:
-            raise ClusterError(
-                f"interface {ifname!r} has no IPv4 address ({exc.strerror}); set SOCKET_IFNAME or --ifname "
-                "to the interface on the cluster network (see `ip -4 addr`)"
-            ) from None
+        packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
     return socket.inet_ntoa(packed[20:24])
+
+
+def node_interfaces() -> str:
+    """This node's interfaces with their IPv4 addresses, for a message: 'eth0 198.18.0.2, lo 127.0.0.1'
+    (interfaces without one are named bare)."""
+    found = []
+    for _, name in sorted(socket.if_nameindex()):
+        try:
+            found.append(f"{name} {_ioctl_ipv4(name)}")
+        except OSError:
+            found.append(name)
+    return ", ".join(found) or "none"
+
+
+def ifname_ipv4(ifname: str) -> str:
+    """The IPv4 address of a network interface; a one-line ClusterError naming it and what the node has."""
+    try:
+        return _ioctl_ipv4(ifname)
+    except OSError as exc:
+        why = "no such interface here" if exc.errno == 19 else exc.strerror  # ENODEV
+        raise ClusterError(
+            f"interface {ifname!r} has no IPv4 address ({why}); this node has: {node_interfaces()}; set "
+            "SOCKET_IFNAME or --ifname to the interface on the cluster network"
+        ) from None
 
 
 def resolve_ifname(given: str | None) -> str:
     """--ifname, else $SOCKET_IFNAME, else the default route's interface."""
     name = given or os.environ.get("SOCKET_IFNAME") or default_route_ifname()
     if not name:
-        raise ClusterError("no socket interface found; set SOCKET_IFNAME or --ifname (see `ip -4 addr`)")
+        raise ClusterError(
+            f"no socket interface found (no SOCKET_IFNAME, no default route); this node has: "
+            f"{node_interfaces()}; set SOCKET_IFNAME or --ifname to the interface on the cluster network"
+        )
     return name
 
 
@@ -170,3 +201,197 @@ def node_plan(nodes: int, head_ip: str, ray_start: str, job: list[str], timeout:
     lines += [f"node {i} (worker): bash {ray_start} --worker {head_ip}:{port}" for i in range(1, nodes)]
     lines.append(f"node 0 (head), after all {nodes} nodes joined:  {shlex.join(job)}")
     return lines
+
+
+# --- the resources every node offers (`wait --resource`) -------------------------------------------------
+
+RESOURCE_RE = re.compile(r"([A-Za-z_][\w.:-]*)=([0-9]+(?:\.[0-9]*)?)\Z")
+# Ray's own bookkeeping, left out of what a node is said to offer unless asked for
+_UNSHOWN = ("memory", "object_store_memory")
+
+
+def parse_resource(text: str) -> tuple[str, float]:
+    """NAME=COUNT (COUNT a number above 0): ("cpu", 2.0). ValueError with the reason otherwise."""
+    match = RESOURCE_RE.match(text.strip())
+    if not match or float(match.group(2)) <= 0:
+        raise ValueError(f"must be NAME=COUNT with a count above 0 (cpu=2, NPU=16), not {text!r}")
+    return match.group(1), float(match.group(2))
+
+
+def _amount(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def node_offers(node: dict, asked: tuple[str, ...] = ()) -> str:
+    """A node of ray.nodes() and its resources, for a message: '198.18.0.2 {CPU: 2, NPU: 1}' (Ray's node:
+    entries and its memory figures left out, unless asked for)."""
+    resources = node.get("Resources") or {}
+    shown = sorted(
+        name for name in resources if name in asked or not (name.startswith("node:") or name in _UNSHOWN)
+    )
+    inner = ", ".join(f"{name}: {_amount(resources[name])}" for name in shown)
+    return f"{node.get('NodeManagerAddress', '?')} {{{inner}}}"
+
+
+def check_resources(nodes: list[dict], wanted: list[tuple[str, float]]) -> None:
+    """Every alive node of ray.nodes() offers at least each (name, count) of `wanted`; else a one-line
+    ClusterError naming what was asked, which node falls short, and what every node offers."""
+    alive = [node for node in nodes if node.get("Alive")]
+    asked = tuple(name for name, _ in wanted)
+    short = []
+    for node in alive:
+        resources = node.get("Resources") or {}
+        lacks = [
+            f"{name} {_amount(resources.get(name, 0))}"
+            for name, count in wanted
+            if resources.get(name, 0) < count
+        ]
+        if lacks:
+            short.append(f"{node.get('NodeManagerAddress', '?')} has {', '.join(lacks)}")
+    if not short:
+        return
+    wants = ", ".join(f"{name}={_amount(count)}" for name, count in wanted)
+    raise ClusterError(
+        f"{len(short)} of {len(alive)} nodes offer less than --resource {wants} asks of every node "
+        f"({'; '.join(short)}); the nodes offer: {'; '.join(node_offers(n, asked) for n in alive)}; start each "
+        "node with the resource its ranks' placement bundles ask for (ray_start.sh --cpu offers the lowercase "
+        "cpu; NPUS_PER_NODE sets the count)"
+    )
+
+
+def ray_alive_nodes(address: str) -> Callable[[], list[dict]]:
+    """A reader of the alive nodes (ray.nodes() entries) of the Ray cluster at `address` (connects once)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return lambda: [node for node in ray.nodes() if node.get("Alive")]
+
+
+# --- a placement group that stays pending (`watch`) ------------------------------------------------------
+
+
+def _bundles(group: dict) -> list[dict[str, float]]:
+    """A placement_group_table() entry's bundles, in order."""
+    bundles = group.get("bundles") or {}
+    return [dict(bundles[key]) for key in sorted(bundles, key=int)]
+
+
+def _fits(need: dict[str, float], offer: dict[str, float]) -> bool:
+    return all(offer.get(name, 0) >= amount for name, amount in need.items())
+
+
+def why_unplaced(group: dict, nodes: list[dict]) -> str:
+    """Why no alive node can hold the placement group, from the nodes' totals: the resources no node offers
+    enough of; or, when some node could, that the resources are taken."""
+    bundles = _bundles(group)
+    offers = [node.get("Resources") or {} for node in nodes if node.get("Alive")]
+    if group.get("strategy") == "STRICT_PACK":
+        need: dict[str, float] = {}
+        for bundle in bundles:
+            for name, amount in bundle.items():
+                need[name] = need.get(name, 0) + amount
+        needs, where = [need], "on one node (STRICT_PACK)"
+    else:
+        needs, where = bundles, "for a bundle"
+    missing = {}
+    for need in needs:
+        if any(_fits(need, offer) for offer in offers):
+            continue
+        for name, amount in need.items():
+            if all(offer.get(name, 0) < amount for offer in offers):
+                missing[name] = max(missing.get(name, 0), amount)
+    if missing:
+        lacks = ", ".join(f"{name} {_amount(amount)}" for name, amount in sorted(missing.items()))
+        return f"no alive node offers {lacks} {where}"
+    if group.get("strategy") == "STRICT_SPREAD":
+        fitting = sum(1 for offer in offers if any(_fits(b, offer) for b in bundles))
+        if fitting < len(bundles):
+            return f"STRICT_SPREAD needs {len(bundles)} nodes that fit a bundle, {fitting} do"
+    return "the nodes offer it, but not free: other groups or actors hold it"
+
+
+def describe_group(group: dict) -> str:
+    """'placement group NAME (STRICT_PACK, 2 bundles of {CPU: 1, cpu: 1})'."""
+    bundles = _bundles(group)
+    shapes = []
+    for bundle in bundles:
+        shape = "{" + ", ".join(f"{n}: {_amount(a)}" for n, a in sorted(bundle.items())) + "}"
+        if shape not in shapes:
+            shapes.append(shape)
+    what = (
+        f"{len(bundles)} bundle{'s' * (len(bundles) != 1)} of {shapes[0]}"
+        if len(shapes) == 1
+        else "bundles " + ", ".join(shapes)
+    )
+    name = group.get("name") or str(group.get("placement_group_id", "?"))[:12]
+    return f"placement group {name} ({group.get('strategy', '?')}, {what})"
+
+
+def group_job(group_id: str) -> str:
+    """The hex id of the job that made a placement group: the last 4 bytes of its id (Ray's ID layout)."""
+    return group_id[-8:]
+
+
+def watch_groups(
+    read_groups: Callable[[], dict[str, dict]],
+    read_nodes: Callable[[], list[dict]],
+    pending_timeout: float,
+    interval: float = 2.0,
+    keep_going: Callable[[], bool] = lambda: True,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict, str] | None:
+    """Poll placement_group_table() until a group has been PENDING (or RESCHEDULING) for `pending_timeout`
+    seconds since this watch first saw it so: then (the group, a one-line reason naming its bundles, why no
+    node holds them and what every node offers). None once keep_going() is false."""
+    since: dict[str, float] = {}
+    while keep_going():
+        now = clock()
+        groups = read_groups()
+        waiting = {
+            gid: group for gid, group in groups.items() if group.get("state") in ("PENDING", "RESCHEDULING")
+        }
+        since = {gid: since.get(gid, now) for gid in waiting}
+        for gid, group in waiting.items():
+            if now - since[gid] >= pending_timeout:
+                nodes = [node for node in read_nodes() if node.get("Alive")]
+                line = (
+                    f"{describe_group(group)} pending for {pending_timeout:g}s: {why_unplaced(group, nodes)}; "
+                    f"the nodes offer: {'; '.join(node_offers(n) for n in nodes) or 'no alive node'}"
+                )
+                return group, line
+        sleep(interval)
+    return None
+
+
+def process_running(pid: int) -> bool:
+    """The process exists and is not a zombie (this PID namespace's /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] not in ("Z", "X")
+
+
+def end_driver(job_hex: str, jobs: list[dict], here: str, grace: float = 10.0) -> str:
+    """End the driver of job `job_hex` (ray._private.state.jobs() entries) when it runs on this node (`here`,
+    its address): SIGTERM, then SIGKILL after `grace` seconds. Returns what was done, for the message."""
+    job = next((j for j in jobs if str(j.get("JobID", "")).lower() == job_hex.lower()), None)
+    if job is None or job.get("IsDead"):
+        return f"job {job_hex} has no live driver"
+    pid, where = int(job.get("DriverPid") or 0), job.get("DriverIPAddress", "?")
+    if where != here or not pid:
+        return f"its driver (pid {pid} on {where}) is not on this node ({here}): end it there"
+    if not process_running(pid):
+        return f"its driver (pid {pid}) had ended"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not process_running(pid):
+            return f"ended its driver (pid {pid}, SIGTERM)"
+        time.sleep(0.1)
+    if process_running(pid):
+        os.kill(pid, signal.SIGKILL)
+        return f"ended its driver (pid {pid}, SIGKILL after {grace:g}s)"
+    return f"ended its driver (pid {pid}, SIGTERM)"

@@ -1,5 +1,6 @@
 """The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources (or, with --cpu, a
-node without NPUs), wait for a cluster to fill, print a node plan."""
+node without NPUs), wait for a cluster to fill (and check what its nodes offer), watch for a placement group that
+never places, print a node plan."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from ascend_rl.ray_cluster import (
     DEFAULT_PORT,
     IFNAME_VARS,
     ClusterError,
+    check_resources,
+    end_driver,
+    group_job,
     ifname_ipv4,
     node_plan,
+    parse_resource,
+    process_running,
     ray_alive_counter,
+    ray_alive_nodes,
     ray_executable,
     resolve_ifname,
     start_command,
     wait_for_nodes,
+    watch_groups,
 )
 
 
@@ -33,6 +41,24 @@ def _nodes(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a node count (1 or more), not {text!r}")
+    return value
+
+
+def _resource(text: str) -> tuple[str, float]:
+    """NAME=COUNT: a resource every node must offer at least COUNT of."""
+    try:
+        return parse_resource(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be seconds above 0, not {text!r}")
     return value
 
 
@@ -91,6 +117,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     wait.add_argument("--nodes", type=_nodes, required=True)
     wait.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     wait.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
+    wait.add_argument(
+        "--resource",
+        type=_resource,
+        action="append",
+        default=[],
+        metavar="NAME=COUNT",
+        help="once the nodes joined, every alive node must offer at least COUNT of NAME (repeatable; "
+        "cpu=2 for verl's CPU bundles, NPU=16 on A3), else one line naming it and what each node offers, exit 1",
+    )
+
+    watch = sub.add_parser(
+        "watch",
+        help="end with one line when a placement group stays pending (verl's pg.ready() waits forever)",
+        description="Poll the cluster's placement groups (from Ray's GCS; no dashboard needed). When one has been "
+        "pending for --pending-timeout seconds: one line (its bundles, why no node holds them, what each node "
+        "offers) on stderr (and appended to --log), with --end-driver its job's driver ended when it runs on "
+        "this node (SIGTERM, SIGKILL after --grace), exit 1. Exit 0 once --while-pid has ended.",
+    )
+    watch.add_argument(
+        "--pending-timeout",
+        type=_seconds,
+        required=True,
+        metavar="S",
+        help="seconds a placement group may stay pending (from when this watch first sees it so)",
+    )
+    watch.add_argument("--interval", type=_seconds, default=2.0, help="seconds between looks (default 2)")
+    watch.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
+    watch.add_argument(
+        "--end-driver", action="store_true", help="end the driver of the job that made the pending group"
+    )
+    watch.add_argument("--grace", type=_seconds, default=10.0, help="seconds from SIGTERM to SIGKILL")
+    watch.add_argument("--while-pid", type=int, metavar="PID", help="stop watching (exit 0) once PID ended")
+    watch.add_argument(
+        "--log",
+        help="also append the line to this file (one nothing else writes to then: not a file `tee` holds)",
+    )
 
     plan = sub.add_parser("plan", help="print the node-by-node launch commands")
     where = plan.add_mutually_exclusive_group(required=True)
@@ -138,6 +200,35 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch(args: argparse.Namespace) -> int:
+    import ray
+
+    nodes = ray_alive_nodes(args.address)
+    found = watch_groups(
+        ray.util.placement_group_table,
+        nodes,
+        args.pending_timeout,
+        args.interval,
+        keep_going=(lambda: process_running(args.while_pid)) if args.while_pid else (lambda: True),
+    )
+    if found is None:
+        return 0
+    group, line = found
+    if args.end_driver:
+        from ray._private import state
+
+        here = ray.util.get_node_ip_address()
+        line += f"; {end_driver(group_job(group['placement_group_id']), state.jobs(), here, args.grace)}"
+    else:
+        line += "; end the run (its ray.get(pg.ready()) waits forever)"
+    line = f"ray_cluster: error: {line}"
+    if args.log:
+        with open(args.log, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    print(line, file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
@@ -145,8 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "start":
             return _start(args)
         if args.verb == "wait":
-            wait_for_nodes(ray_alive_counter(args.address), args.nodes, args.timeout)
+            nodes = ray_alive_nodes(args.address)
+            wait_for_nodes(lambda: len(nodes()), args.nodes, args.timeout)
+            if args.resource:
+                check_resources(nodes(), args.resource)
             return 0
+        if args.verb == "watch":
+            return _watch(args)
         if args.local:
             print(f"this machine (no ray_start.sh: the job starts its own Ray):  {shlex.join(args.job)}")
             return 0

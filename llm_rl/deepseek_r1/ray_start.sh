@@ -6,8 +6,11 @@
 #
 # Each A3 node offers 16 NPU resources (8 cards, 2 dies each; NPUS_PER_NODE overrides).
 # SOCKET_IFNAME names the cluster network interface (default: the default route's); it is
-# exported as GLOO_SOCKET_IFNAME, HCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME. The head waits
-# until --nodes nodes joined and fails with one line after --timeout seconds.
+# exported as GLOO_SOCKET_IFNAME, HCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME. An interface the
+# node lacks: one line naming it and the node's interfaces, exit 1, no Ray started. The head
+# waits until --nodes nodes joined and fails with one line (how many of how many) after
+# --timeout seconds. Then `python3 -m ascend_rl ray_cluster wait --nodes N --resource NAME=COUNT`
+# checks that every node offers what the ranks' placement bundles ask for (docs/cluster.md).
 # Python: PYTHON, else python3 on PATH, else the repository's venvs, as the launcher finds it
 # (scripts/find_python.sh); Ray is the `ray` installed with that Python, not PATH's.
 # --cpu (or PROFILE=cpu): a node without NPUs, for a CPU run across nodes (the simulated

@@ -189,3 +189,14 @@ def test_the_head_wait_says_each_count_as_it_changes_through_a_pipe():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_interface_the_node_lacks_is_one_line_naming_what_it_has():
+    # issue 35 item 5a: SOCKET_IFNAME naming an interface this machine lacks; nothing printed but the one line
+    proc = _ray_start(["--cpu", "--head", "--nodes", "2"], PYTHON=sys.executable, SOCKET_IFNAME="ib9")
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(
+        "ray_cluster: error: interface 'ib9' has no IPv4 address (no such interface here); this node has: "
+    ), proc.stderr
+    assert "lo 127.0.0.1" in proc.stderr, proc.stderr

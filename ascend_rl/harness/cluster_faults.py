@@ -1,0 +1,504 @@
+"""Start-up faults of a multi-node Ray launch on the simulated cluster: each must end in one line, in bounded time.
+
+    python3 -m ascend_rl cluster_faults [--kinds ifname,no-worker,resource,pg-pending] [--wait S] [--json FILE]
+
+Each kind starts the DeepSeek recipe's nodes as its README says (`ray_start.sh` on each node, from a fresh
+shell: no venv on PATH) on a simulated cluster (ascend_rl.cluster), makes one fault, and checks what the user
+sees:
+
+    ifname      SOCKET_IFNAME names an interface the node lacks (ib0): ray_start.sh exits 1 with one line naming
+                it and the node's interfaces, and no process is left in the node, no Ray session folder made
+    no-worker   a worker that never joins: `ray_start.sh --head --nodes 2 --timeout S` and `ray_cluster wait
+                --nodes 2 --timeout S` each end at their timeout with one line: how many nodes joined of how many
+    resource    a worker offering only NPU joins a CPU head (the probe's mismatch: verl's CPU bundles ask for the
+                lowercase `cpu`): `ray_cluster wait --nodes 2 --resource cpu=1` exits 1 with one line naming the
+                resource and what each node offers; `--resource NPU=1` passes
+    pg-pending  a driver asks for a placement group no node can hold and waits on `ray.get(pg.ready())` as
+                verl does (forever): `ray_cluster watch --pending-timeout S --end-driver` says why in one line
+                and ends the driver
+
+A kind passes when its command exits as it should, its last line on stderr is the expected one line, no
+traceback is printed, it ends within its timeout plus a margin, and the cluster's teardown leaves nothing.
+These are start-up faults of a cluster, not kills of a training run: they need root and `ip netns`, no
+training, no checkpoint; `python3 -m ascend_rl faults` is the kills of running training runs.
+Exit status: 0 every kind passed, 1 one did not, 2 usage or no namespaces here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ascend_rl import cluster as lib
+from ascend_rl.paths import REPO
+
+KINDS = ("ifname", "no-worker", "resource", "pg-pending")
+RAY_START = "llm_rl/deepseek_r1/ray_start.sh"
+PORT = 6379
+MISSING_IF = "ib0"  # an interface name a node of the simulated cluster does not have (it has lo and eth0)
+STEP_S = 180  # a hang, not a measurement: a Ray node starts in 5-30 s here
+MARGIN_S = 20.0  # how long past its timeout a wait may take to end (Ray's connect and shutdown)
+SMALL_STORE = "100M"  # a worker without --cpu would take Ray's default store (30 % of memory)
+
+# A driver as verl's resource pool makes its groups: STRICT_PACK bundles of {CPU, cpu} and ray.get(pg.ready())
+# with no timeout. Two bundles on one node: a node offering cpu 1 cannot hold them, so it waits forever.
+DRIVER = r"""
+import sys
+import ray
+from ray.util.placement_group import placement_group
+
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+pg = placement_group([{"CPU": 1, "cpu": 1}] * 2, strategy="STRICT_PACK", name="faults_pool_0")
+print("PG " + pg.id.hex(), flush=True)
+ray.get(pg.ready())
+print("PLACED", flush=True)
+"""
+
+# The processes of a node, listed from inside it (its own /proc), the lister and the node's init left out.
+LIST_PROCESSES = r"""
+import os
+me = os.getpid()
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    if pid in (1, me):
+        continue
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            print(pid, fh.read().replace(b"\0", b" ").decode(errors="replace")[:160])
+    except OSError:
+        pass
+"""
+
+
+def node_env(python: str, **extra: str) -> dict[str, str]:
+    """A user's fresh shell on a node: no venv on PATH; the Python with Ray named (PYTHON), the cluster's
+    interface named as the README says."""
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "PYTHON": python,
+        "PYTHONPATH": str(REPO),
+        "SOCKET_IFNAME": "eth0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    env.update(extra)
+    return env
+
+
+class Run:
+    """A command inside a node, its stdout and stderr read by threads, each line with the time it came."""
+
+    def __init__(self, cl: lib.Cluster, node: str, cmd: list[str], env: dict[str, str]):
+        self.t0 = time.monotonic()
+        self.proc = cl.popen(
+            node, cmd, wd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.out: list[tuple[float, str]] = []
+        self.err: list[tuple[float, str]] = []
+        self._threads = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _read(self, stream, lines) -> None:
+        for line in stream:
+            lines.append((time.monotonic() - self.t0, line.rstrip("\n")))
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, or None when it did not end within `timeout` (then it is killed)."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = None
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self.seconds = time.monotonic() - self.t0
+        return rc
+
+    def when(self, needle: str) -> float | None:
+        """When the first stdout line containing `needle` came (seconds from the start)."""
+        return next((t for t, line in self.out if needle in line), None)
+
+    def stderr_lines(self) -> list[str]:
+        return [line for _, line in self.err if line.strip()]
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in sorted(self.out + self.err))
+
+
+# Ray's own noise when `ray start` runs on a node offering `NPU` without Ascend's `acl` module (a CPU node):
+# npu.py logs "Failed to detect NPU type." with the ImportError's traceback, then starts normally. Not a fault's
+# line; counted apart (ray_npu_noise) so that any other traceback still fails a check.
+NPU_NOISE_START = "Failed to detect NPU type."
+NPU_NOISE_END = "ModuleNotFoundError: No module named 'acl'"
+
+
+def without_npu_noise(lines: list[str]) -> tuple[list[str], int]:
+    """`lines` without Ray's NPU-detection tracebacks, and how many there were."""
+    kept, dropped, inside = [], 0, False
+    for line in lines:
+        if not inside and line.rstrip().endswith(NPU_NOISE_START):
+            inside, dropped = True, dropped + 1
+        elif inside and line.startswith(NPU_NOISE_END):
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return kept, dropped
+
+
+def run(cl: lib.Cluster, node: str, cmd: list[str], env: dict[str, str], timeout: float = STEP_S) -> dict:
+    """Run `cmd` in a node to its end: {rc, seconds, stdout, stderr (without Ray's NPU-detection noise), line
+    (the last stderr line), traceback (any other), ray_npu_noise (how many of those)}."""
+    proc = Run(cl, node, cmd, env)
+    rc = proc.wait(timeout)
+    err, noise = without_npu_noise(proc.stderr_lines())
+    out = [line for _, line in proc.out]
+    return {
+        "rc": rc,
+        "seconds": round(proc.seconds, 1),
+        "stdout": out,
+        "stderr": err,
+        "line": err[-1] if err else "",
+        "traceback": any("Traceback (most recent call last)" in line for line in out + err),
+        "ray_npu_noise": noise,
+        "run": proc,
+    }
+
+
+def node_processes(cl: lib.Cluster, node: str, python: str) -> list[str]:
+    """The processes running in a node besides its init."""
+    done = cl.run(node, [python, "-c", LIST_PROCESSES], capture_output=True, text=True, timeout=30)
+    return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+def _check(what: str, result: dict, rc: int, pattern: str, within: float | None, ok_extra=True) -> dict:
+    """A check's row: `what`, its exit status against `rc`, its last stderr line against `pattern`, one line
+    only when rc != 0, no traceback, and its time against `within` seconds."""
+    problems = []
+    if result["rc"] != rc:
+        problems.append(f"exit {result['rc']}, not {rc}")
+    if not re.fullmatch(pattern, result["line"]):
+        problems.append(f"its last stderr line does not match {pattern!r}")
+    if rc != 0 and len([line for line in result["stderr"] if "error" in line.lower()]) != 1:
+        problems.append(f"{len(result['stderr'])} lines on stderr, not one error line")
+    if result["traceback"]:
+        problems.append("a traceback")
+    if within is not None and result["seconds"] > within:
+        problems.append(f"took {result['seconds']}s, more than {within:g}s")
+    if ok_extra is not True:
+        problems.append(str(ok_extra))
+    return {
+        "check": what,
+        "ray_npu_noise": result.get("ray_npu_noise", 0),
+        "rc": result["rc"],
+        "seconds": result["seconds"],
+        "line": result["line"],
+        "ok": not problems,
+        "why": "; ".join(problems),
+    }
+
+
+def _ray_start(args: list[str]) -> list[str]:
+    return ["bash", RAY_START, *args]
+
+
+def _tool(python: str, *args: str) -> list[str]:
+    return [python, "-m", "ascend_rl", "ray_cluster", *args]
+
+
+def fault_ifname(cl: lib.Cluster, python: str) -> list[dict]:
+    """ray_start.sh with SOCKET_IFNAME naming an interface node1 lacks."""
+    node = cl.node("node1")
+    res = run(cl, "node1", _ray_start(["--cpu", "--head"]), node_env(python, SOCKET_IFNAME=MISSING_IF), 60)
+    left = node_processes(cl, "node1", python)
+    sessions = sorted(p.name for p in (Path(node.dir) / "ray").glob("session*"))
+    extra = True
+    if left or sessions or res["stdout"]:
+        extra = f"left processes {left}, Ray folders {sessions}, stdout {res['stdout'][-3:]}"
+    pattern = (
+        rf"ray_cluster: error: interface '{MISSING_IF}' has no IPv4 address \(no such interface here\); "
+        rf"this node has: .*eth0 {re.escape(node.address)}.*; set SOCKET_IFNAME or --ifname .*"
+    )
+    row = _check(f"ray_start.sh with SOCKET_IFNAME={MISSING_IF}", res, 1, pattern, 60, extra)
+    row.update(processes_left=left, ray_sessions=sessions)
+    return [row]
+
+
+def _no_worker_pattern(nodes: int, timeout: float) -> str:
+    return (
+        rf"ray_cluster: error: only 1 of {nodes} nodes joined the Ray cluster after {timeout:g}s; "
+        r"run ray_start.sh --worker .*"
+    )
+
+
+def start_head(cl: lib.Cluster, python: str, wait_s: float, no_worker: bool) -> list[dict]:
+    """The head's Ray on node1 (`ray_start.sh --cpu --head`): with `no_worker`, waiting for a second node that
+    never comes (the fault), else for itself only. Its Ray stays up either way."""
+    if not no_worker:
+        res = run(cl, "node1", _ray_start(["--cpu", "--head"]), node_env(python))
+        row = _check("ray_start.sh --cpu --head", res, 0, r".*", None)
+        if not row["ok"]:
+            row["why"] += f"; output: {res['run'].text()[-1500:]}"
+        return [row]
+    args = ["--cpu", "--head", "--nodes", "2", "--timeout", f"{wait_s:g}"]
+    res = run(cl, "node1", _ray_start(args), node_env(python))
+    waited = res["run"].when("ray: 1/2 nodes alive")
+    extra = True if waited is not None else "the head never began its wait (no 'ray: 1/2 nodes alive')"
+    wait_part = round(res["seconds"] - waited, 1) if waited is not None else None
+    row = _check(
+        f"ray_start.sh --head --nodes 2 --timeout {wait_s:g}",
+        {**res, "seconds": wait_part if wait_part is not None else res["seconds"]},
+        1,
+        _no_worker_pattern(2, wait_s),
+        wait_s + MARGIN_S,
+        extra,
+    )
+    row["started_s"] = round(waited, 1) if waited is not None else None
+    rows = [row]
+    res = run(
+        cl, "node1", _tool(python, "wait", "--nodes", "2", "--timeout", f"{wait_s:g}"), node_env(python)
+    )
+    rows.append(
+        _check(
+            f"ray_cluster wait --nodes 2 --timeout {wait_s:g}",
+            res,
+            1,
+            _no_worker_pattern(2, wait_s),
+            wait_s + MARGIN_S,
+        )
+    )
+    return rows
+
+
+def join_npu_worker(cl: lib.Cluster, python: str) -> list[dict]:
+    """node2 joins as an NPU node (no --cpu: it offers NPU only, as the probe's nodes did), then both are up."""
+    head = cl.address("node1")
+    args = ["--worker", f"{head}:{PORT}", "--object-store-memory", SMALL_STORE]
+    res = run(cl, "node2", _ray_start(args), node_env(python, NPUS_PER_NODE="1"))
+    rows = [_check("ray_start.sh --worker (NPU only)", res, 0, r".*", None)]
+    res = run(cl, "node1", _tool(python, "wait", "--nodes", "2", "--timeout", "60"), node_env(python))
+    rows.append(_check("ray_cluster wait --nodes 2 (both joined)", res, 0, r".*", None))
+    for row in rows:
+        if not row["ok"]:
+            row["why"] += f"; stderr: {' | '.join(res['stderr'][-5:])}"
+    return rows
+
+
+def fault_resource(cl: lib.Cluster, python: str) -> list[dict]:
+    """`ray_cluster wait --resource`: cpu=1 fails (node2 offers none), NPU=1 passes."""
+    head, worker = cl.address("node1"), cl.address("node2")
+    pattern = (
+        r"ray_cluster: error: 1 of 2 nodes offer less than --resource cpu=1 asks of every node "
+        rf"\({re.escape(worker)} has cpu 0\); the nodes offer: {re.escape(head)} \{{CPU: \d+, NPU: 1, cpu: 1\}}; "
+        rf"{re.escape(worker)} \{{CPU: \d+, NPU: 1\}}; start each node with .*"
+    )
+    short = run(
+        cl,
+        "node1",
+        _tool(python, "wait", "--nodes", "2", "--timeout", "30", "--resource", "cpu=1"),
+        node_env(python),
+    )
+    good = run(
+        cl,
+        "node1",
+        _tool(python, "wait", "--nodes", "2", "--timeout", "30", "--resource", "NPU=1"),
+        node_env(python),
+    )
+    return [
+        _check("ray_cluster wait --nodes 2 --resource cpu=1", short, 1, pattern, 30 + MARGIN_S),
+        _check("ray_cluster wait --nodes 2 --resource NPU=1", good, 0, r".*", 30 + MARGIN_S),
+    ]
+
+
+def fault_pg_pending(cl: lib.Cluster, python: str, pending_s: float) -> list[dict]:
+    """A driver waits on a placement group no node can hold; the watch ends it with one line."""
+    driver = Run(cl, "node1", [python, "-c", DRIVER], node_env(python))
+    deadline = time.monotonic() + STEP_S
+    while driver.when("PG ") is None and driver.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    asked = driver.when("PG ")
+    grace = 10.0
+    args = [
+        "watch",
+        "--pending-timeout",
+        f"{pending_s:g}",
+        "--interval",
+        "1",
+        "--end-driver",
+        "--grace",
+        f"{grace:g}",
+    ]
+    watch = run(cl, "node1", _tool(python, *args), node_env(python), timeout=pending_s + grace + STEP_S)
+    driver_rc = driver.wait(30)
+    ended = round(driver.seconds - asked, 1) if asked is not None else None
+    extra = True
+    if asked is None:
+        extra = f"the driver never made its group: {driver.text()[-1500:]}"
+    elif driver_rc is None:
+        extra = "the driver was still waiting 30 s after the watch ended"
+    elif driver.when("PLACED") is not None:
+        extra = "the group was placed"
+    pattern = (
+        r"ray_cluster: error: placement group faults_pool_0 \(STRICT_PACK, 2 bundles of \{CPU: 1, cpu: 1\}\) "
+        rf"pending for {pending_s:g}s: no alive node offers cpu 2 on one node \(STRICT_PACK\); the nodes offer: "
+        rf".*; ended its driver \(pid \d+, SIGTERM\)"
+    )
+    row = _check(
+        f"ray_cluster watch --pending-timeout {pending_s:g} --end-driver",
+        watch,
+        1,
+        pattern,
+        pending_s + grace + MARGIN_S,
+        extra,
+    )
+    row.update(driver_rc=driver_rc, driver_ended_s=ended)
+    return [row]
+
+
+def leftovers(rec: dict) -> list[str]:
+    """What a cluster left after its teardown: its state file, network namespaces, links, processes."""
+    left = ["state file"] if lib.state_file(rec["name"]).exists() else []
+    netns = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    left += [f"netns {n['netns']}" for n in rec["nodes"] if n["netns"] in netns]
+    left += [
+        f"link {link}"
+        for link in [rec["bridge"], *(n["link"] for n in rec["nodes"])]
+        if Path("/sys/class/net", link).exists()
+    ]
+    for node in rec["nodes"]:
+        for pid, start in (
+            (node["init_pid"], node["init_start"]),
+            (node["unshare_pid"], node["unshare_start"]),
+        ):
+            if pid and lib.start_time(pid) == start:
+                left.append(f"{node['name']} pid {pid}")
+    return left
+
+
+def run_kinds(kinds: list[str], python: str, wait_s: float, pending_s: float, root: Path) -> list[dict]:
+    """Each kind on a fresh cluster (ifname: one node, no Ray; the others share one two-node cluster, in
+    order: the head's wait, the NPU-only worker, the resource check, the pending group). Rows: one per check."""
+    rows: list[dict] = []
+    tag = f"cf{os.getpid()}"
+
+    def with_cluster(name: str, nodes: int, body) -> None:
+        rec = None
+        try:
+            with lib.Cluster(name, nodes, root=root / name) as cl:
+                rec = cl.to_json()
+                body(cl)
+        except lib.ClusterError as exc:
+            rows.append({"kind": name, "check": "the cluster", "ok": False, "why": str(exc)})
+        if rec is not None:
+            left = leftovers(rec)
+            rows.append(
+                {
+                    "kind": name,
+                    "check": "teardown",
+                    "ok": not left,
+                    "why": f"left {left}" if left else "",
+                    "line": "",
+                }
+            )
+
+    def add(kind: str, found: list[dict]) -> None:
+        rows.extend({"kind": kind, **row} for row in found)
+
+    if "ifname" in kinds:
+        with_cluster(f"{tag}-if", 1, lambda cl: add("ifname", fault_ifname(cl, python)))
+    rest = [k for k in KINDS[1:] if k in kinds]
+    if rest:
+
+        def body(cl: lib.Cluster) -> None:
+            add(
+                "no-worker" if "no-worker" in rest else "setup",
+                start_head(cl, python, wait_s, "no-worker" in rest),
+            )
+            if "resource" in rest or "pg-pending" in rest:
+                add("setup", join_npu_worker(cl, python))
+                if not all(r["ok"] for r in rows if r["kind"] == "setup"):
+                    return
+                if "resource" in rest:
+                    add("resource", fault_resource(cl, python))
+                if "pg-pending" in rest:
+                    add("pg-pending", fault_pg_pending(cl, python, pending_s))
+
+        with_cluster(f"{tag}-ray", 2, body)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        took = f"{r['seconds']}s" if r.get("seconds") is not None else "-"
+        lines.append(
+            f"{r['kind']:<10} {r['check']:<52} {took:>7}  {'pass' if r['ok'] else 'FAIL: ' + r.get('why', '')}"
+        )
+        if r.get("line"):
+            lines.append(f"{'':<11}said: {r['line']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m ascend_rl cluster_faults",
+        description=__doc__.splitlines()[0],
+        epilog="Needs root and `ip netns` (the simulated cluster, docs/cluster.md); about a minute on 2 cores.",
+    )
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="comma-separated kinds (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--wait", type=float, default=5.0, help="the node wait's --timeout (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=5.0,
+        help="the watch's --pending-timeout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="the Python with Ray the nodes run (default: this one)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not args.kinds or set(args.kinds) - set(KINDS):
+        parser.error(f"--kinds takes {', '.join(KINDS)}; got {args.kinds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        lib.check_support()
+    except lib.Unsupported as exc:
+        print(f"cluster_faults: error: {exc}", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="ascend_rl-cluster-faults-"))
+    try:
+        with lib.terminate_raises():
+            rows = run_kinds(args.kinds, args.python, args.wait, args.pending_timeout, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    print(table(rows))
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
