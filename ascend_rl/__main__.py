@@ -21,6 +21,10 @@ TOOLS = {
         "fetch a recipe's pinned verl tree; apply, check or revert its patches",
     ),
     "preflight": ("ascend_rl.cli.preflight", "check a launch before it starts: tree, config, paths, stack"),
+    "plan_memory": (
+        "ascend_rl.cli.plan_memory",
+        "per-die memory of every phase of a GRPO step, from a launcher's dry-run plan",
+    ),
     "patchdoc": (
         "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",
@@ -53,6 +57,10 @@ TOOLS = {
     "faults": (
         "ascend_rl.harness.faults",
         "kill CPU training runs inside a checkpoint save; check the resume",
+    ),
+    "cluster_faults": (
+        "ascend_rl.harness.cluster_faults",
+        "start-up faults on the simulated cluster: each one line, in bounded time",
     ),
     "demo": (
         "ascend_rl.harness.demo",

@@ -32,8 +32,9 @@ from ascend_rl.paths import REPO
 
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 NPU_DEVICE_GLOB = "/dev/davinci[0-9]*"
-# Checks that need the real machine's files or devices: a dry run reports them as warnings.
-MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger", "validate")
+# Checks that need the real machine's files or devices: a dry run reports them as warnings. "memory" (the per-die
+# plan, ascend_rl/memory_plan.py) is one: a dry run shows the plan of a launch the die cannot hold, a launch stops.
+MACHINE_CHECKS = ("reward", "model", "data", "npu", "cpu", "logger", "validate", "memory")
 
 # What the printed summary shows of the composed config (missing keys are left out).
 KEY_FACTS = (
@@ -885,6 +886,43 @@ def check_lora(cfg) -> Check:
             "removed (embeddings, target_embedding_padding, embedding_modules); train full weights (lora_rank=0)",
         )
     return Check("lora", "ok", f"lora_rank={rank}")
+
+
+# The plan is arithmetic from the launch settings, not a measurement on a die: a user whose launch the plan refuses
+# but who knows it fits (a memory feature the plan does not model) sets this to "warn" and launches.
+MEMORY_OVERRIDE = "RECIPES_MEMORY_PLAN"
+
+
+def check_memory(cfg, recipe: str, cpu: bool = False):
+    """(Check, plan or None): the per-die memory plan of the launch's GRPO step against its die, less the
+    headroom (ascend_rl/memory_plan.py). The CPU profile has no die: it is not planned (its memory is the host's)."""
+    from omegaconf import OmegaConf
+
+    from ascend_rl import memory_plan
+
+    device = OmegaConf.select(cfg, "trainer.device", default=None)
+    if cpu or device != "npu":
+        return Check("memory", "skipped", f"trainer.device={device}: no NPU die to plan against"), None
+    try:
+        plan = memory_plan.plan_launch(memory_plan.settings_from_config(cfg, recipe))
+    except (ValueError, KeyError, OSError, ZeroDivisionError) as exc:
+        return Check("memory", "skipped", f"not planned: {exc}"), None
+    refusal = plan.refusal()
+    if refusal and os.environ.get(MEMORY_OVERRIDE) == "warn":
+        return Check("memory", "warn", f"{refusal}; launching anyway ({MEMORY_OVERRIDE}=warn)"), plan
+    if refusal:
+        return Check("memory", "FAIL", f"{refusal}; {MEMORY_OVERRIDE}=warn launches anyway"), plan
+    peak = plan.peak
+    return (
+        Check(
+            "memory",
+            "ok",
+            f"planned peak {peak.total / memory_plan.GIB:.1f} GiB per die in {peak.name}, of "
+            f"{plan.die.memory / memory_plan.GIB:.0f} GiB ({plan.die.name}) less {plan.headroom / memory_plan.GIB:.1f} "
+            "GiB headroom",
+        ),
+        plan,
+    )
 
 
 def check_cpu_runtime() -> Check:

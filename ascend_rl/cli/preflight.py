@@ -21,6 +21,7 @@ from ascend_rl.preflight import (
     check_layout,
     check_logger,
     check_lora,
+    check_memory,
     check_model,
     check_nodes,
     check_npu,
@@ -178,6 +179,8 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         check_data(cfg, args.made_by),
         check_logger(cfg),
     ]
+    memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
+    checks.append(memory)
     if args.cpu:
         checks.append(check_cpu_runtime())
     elif args.skip_npu_check:
@@ -213,6 +216,15 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         print("key settings:", file=out)
         for key, value in key_facts(cfg):
             print(f"  {key} = {value}", file=out)
+        if memory_plan is not None:
+            from ascend_rl.memory_plan import short_plan_lines
+
+            print(
+                f"memory plan per die ({memory_plan.die.name}; python3 -m ascend_rl plan_memory for every term):",
+                file=out,
+            )
+            for line in short_plan_lines(memory_plan):
+                print(f"  {line}", file=out)
         n = len(resolved_overrides(args.overrides))
         print(
             f"command ({n} overrides, each key's last; the launcher passes all {len(args.overrides)}, in order):",

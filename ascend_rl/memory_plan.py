@@ -1,0 +1,988 @@
+"""Per-die memory plan of one GRPO step: what each phase holds on one NPU die, from the launch settings.
+
+Nothing here can be measured without the cluster, so the plan is arithmetic over the launch's own settings
+(the dry run's JSON plan, or the composed config the preflight holds) and the model's config.json: the bytes
+per die of the weights of each role (actor, reference, rollout) by their shard (TP / PP / EP / DP, dtype), the
+actor's gradients and optimizer states (with the distributed optimizer's sharding), the KV cache vLLM would
+allocate from gpu_memory_utilization, the reshard buffers of the weight sync (from the AlltoAllV plan of
+llm_rl/deepseek_r1/moe_reshard.py, not re-derived here) and the activations (an estimate, and labelled so).
+The phases follow verl's colocated hybrid engine in the order one step runs them, offload / onload
+transitions included, so the peak names the phase it falls in and its largest term.
+
+What is exact and what is not (docs/memory_plan.md says more): weights, gradients, optimizer states and the
+reshard buffers are counts of tensor bytes; the KV cache is vLLM-Ascend 0.13.0's own rule (the die's memory
+times gpu_memory_utilization, less everything allocated on the die when the engine starts); activations are
+an upper-bound estimate; the caching allocator's rounding, the CANN runtime and HCCL's buffers are left to the
+headroom (`headroom_bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_rl.deepseek_r1 import moe_reshard as mr
+
+GIB = 2**30
+MIB = 2**20
+
+
+# ----------------------------------------------------------------------------- the dies
+
+
+@dataclass(frozen=True)
+class Die:
+    """One NPU device as verl sees it (a card on A2, half a card on A3)."""
+
+    name: str
+    memory: int
+    source: str
+
+
+DIES = {
+    "A2": Die(
+        "Atlas A2 (Ascend 910B, e.g. the guide's 910B2C)",
+        64 * GIB,
+        "64 GB HBM per NPU: vLLM-Ascend's tutorials size an Atlas 800 A2 server as 64GB x 8 NPU; npu-smi shows "
+        "65536 MB per 910B",
+    ),
+    "A3": Die(
+        "Atlas A3 die (Ascend 910C: two dies per card)",
+        64 * GIB,
+        "an Atlas 800 A3 server is 128GB x 8 NPU shown as 16 devices (vLLM-Ascend's tutorials: davinci0-15), "
+        "so 64 GB per die",
+    ),
+}
+# Which die each recipe's default launch runs on (recipe README: one Atlas A2 card; an A3 SuperPoD).
+RECIPE_DIE = {"qwen2_5": "A2", "deepseek_r1": "A3"}
+
+# The headroom under the die's memory that a launch's planned peak must leave. The plan counts tensor bytes;
+# what it does not count is (1) the CANN runtime context and operator workspace and the caching allocator's
+# block rounding and split fragmentation (the launchers cap splits at 512 MB: PYTORCH_NPU_ALLOC_CONF
+# max_split_size_mb:512), taken as 1 GiB, and (2) HCCL's communication buffers: HCCL_BUFFSIZE (200 MB by
+# default, CANN's environment-variable reference) for the input and for the output of every communicator a
+# rank joins (Megatron's TP, PP, EP, DP groups and vLLM's TP / DP / EP groups; none on one die).
+RUNTIME_RESERVE = 1 * GIB
+HCCL_BUFFSIZE_MB = 200
+
+
+def headroom_bytes(communicators: int, hccl_buffsize_mb: int = HCCL_BUFFSIZE_MB) -> int:
+    """Bytes a launch must leave free on the die: the runtime reserve plus two HCCL buffers per communicator."""
+    return RUNTIME_RESERVE + 2 * hccl_buffsize_mb * 10**6 * communicators
+
+
+# ----------------------------------------------------------------------------- the models
+
+# The config.json numbers the plan reads, for the recipes' models when their checkpoint is not on this machine.
+KNOWN_MODELS: dict[str, tuple[dict[str, Any], str]] = {
+    "qwen2.5-1.5b": (
+        {
+            "model_type": "qwen2",
+            "hidden_size": 1536,
+            "intermediate_size": 8960,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "vocab_size": 151936,
+            "tie_word_embeddings": True,
+        },
+        "Qwen/Qwen2.5-1.5B-Instruct config.json (Hugging Face): 1.54B parameters",
+    ),
+    "deepseek-r1": (
+        {
+            "model_type": "deepseek_v3",
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61,
+            "first_k_dense_replace": 3,
+            "n_routed_experts": 256,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 8,
+            "num_attention_heads": 128,
+            "q_lora_rank": 1536,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "vocab_size": 129280,
+            "tie_word_embeddings": False,
+        },
+        "deepseek-ai/DeepSeek-R1 config.json (Hugging Face; DeepSeek-V3's shapes), MTP layer off as "
+        "derive_config writes it: 671B parameters",
+    ),
+}
+
+
+def known_model(path: str) -> str | None:
+    """The shipped table's name for a model folder, guessed from its name (Qwen2_5_1_5B_Instruct, DeepSeek-R1-bf16)."""
+    name = Path(path).name.lower().replace("_", ".").replace("-", ".")
+    if "qwen2.5" in name and "1.5b" in name:
+        return "qwen2.5-1.5b"
+    if "deepseek" in name and ("r1" in name or "v3" in name):
+        return "deepseek-r1"
+    return None
+
+
+def model_config(path: str | None, name: str | None = None) -> tuple[dict[str, Any], str]:
+    """(config, where it came from): the model folder's config.json, else the shipped table's entry."""
+    if name:
+        if name not in KNOWN_MODELS:
+            raise ValueError(f"no shipped config for model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+        return KNOWN_MODELS[name]
+    if path and (Path(path) / "config.json").is_file():
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        return cfg.get("text_config", cfg), str(Path(path) / "config.json")
+    guess = known_model(path or "")
+    if guess is None:
+        raise ValueError(
+            f"{path} has no config.json and is none of the shipped models ({', '.join(KNOWN_MODELS)}); "
+            "download its config.json there, or name one with --model"
+        )
+    cfg, source = KNOWN_MODELS[guess]
+    return cfg, f"{source} (shipped table: {path} has no config.json)"
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The model as the plan needs it: every weight with its TP split (moe_reshard's types) and the KV layout."""
+
+    spec: mr.ModelSpec
+    hidden: int
+    ffn: int  # MLP width per token: the dense FFN, or top-k routed experts plus shared ones
+    vocab: int
+    kv_bytes_per_token_layer: int  # bf16 K and V (or MLA's latent) of one token in one layer, whole model
+    kv_split_by_tp: bool  # GQA heads split over TP; MLA's latent is replicated
+
+
+def shapes(cfg: Mapping[str, Any]) -> Shapes:
+    """The weights of a qwen2 / llama-like or deepseek_v3 config, in moe_reshard's ModelSpec."""
+    kind = cfg.get("model_type", "")
+    h, n, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    heads = int(cfg["num_attention_heads"])
+    D = mr.DenseParam
+    if kind == "deepseek_v3":
+        ffn, moe_ffn = int(cfg["intermediate_size"]), int(cfg["moe_intermediate_size"])
+        experts, first_moe = int(cfg["n_routed_experts"]), int(cfg.get("first_k_dense_replace", 0))
+        shared = int(cfg.get("n_shared_experts", 0) or 0)
+        q_lora, kv_lora = cfg.get("q_lora_rank"), int(cfg["kv_lora_rank"])
+        nope, rope, v_dim = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+        dense: list[mr.DenseParam] = [D("embed_tokens", (vocab, h), 0, layer=-1)]
+        for i in range(n):
+            p = f"layers.{i}."
+            dense += [D(p + "input_layernorm", (h,), layer=i)]
+            if q_lora:
+                dense += [
+                    D(p + "self_attn.q_a_proj", (int(q_lora), h), layer=i),
+                    D(p + "self_attn.q_a_layernorm", (int(q_lora),), layer=i),
+                    D(p + "self_attn.q_b_proj", (heads * (nope + rope), int(q_lora)), 0, layer=i),
+                ]
+            else:
+                dense += [D(p + "self_attn.q_proj", (heads * (nope + rope), h), 0, layer=i)]
+            dense += [
+                D(p + "self_attn.kv_a_proj_with_mqa", (kv_lora + rope, h), layer=i),
+                D(p + "self_attn.kv_a_layernorm", (kv_lora,), layer=i),
+                D(p + "self_attn.kv_b_proj", (heads * (nope + v_dim), kv_lora), 0, layer=i),
+                D(p + "self_attn.o_proj", (h, heads * v_dim), 1, layer=i),
+                D(p + "post_attention_layernorm", (h,), layer=i),
+            ]
+            if i < first_moe:
+                dense += [
+                    D(p + "mlp.gate_up_proj", (2 * ffn, h), 0, layer=i),
+                    D(p + "mlp.down_proj", (h, ffn), 1, layer=i),
+                ]
+            else:
+                dense += [
+                    D(p + "mlp.gate", (experts, h), layer=i),
+                    D(p + "mlp.gate.e_score_correction_bias", (experts,), dtype="float32", layer=i),
+                ]
+                if shared:
+                    dense += [
+                        D(p + "mlp.shared_experts.gate_up_proj", (2 * shared * moe_ffn, h), 0, layer=i),
+                        D(p + "mlp.shared_experts.down_proj", (h, shared * moe_ffn), 1, layer=i),
+                    ]
+        dense.append(D("norm", (h,), layer=n))
+        if not cfg.get("tie_word_embeddings", False):
+            dense.append(D("lm_head", (vocab, h), 0, layer=n))
+        expert_params = (
+            mr.ExpertParam("mlp.experts.w1", (2 * moe_ffn, h)),  # fused gate/up
+            mr.ExpertParam("mlp.experts.w2", (h, moe_ffn)),
+        )
+        spec = mr.ModelSpec(n, tuple(range(first_moe, n)), experts, expert_params, tuple(dense))
+        topk = int(cfg.get("num_experts_per_tok", 1))
+        return Shapes(spec, h, (topk + shared) * moe_ffn, vocab, (kv_lora + rope) * 2, False)
+    if "num_key_value_heads" not in cfg and kind not in ("qwen2", "llama", "mistral", "qwen3"):
+        raise ValueError(f"model_type {kind!r} is not one the plan knows (qwen2, llama, deepseek_v3)")
+    ffn = int(cfg["intermediate_size"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    hd = int(cfg.get("head_dim") or h // heads)
+    bias = kind == "qwen2"  # Qwen2 has q/k/v biases
+    dense = [D("embed_tokens", (vocab, h), 0, layer=-1)]
+    for i in range(n):
+        p = f"layers.{i}."
+        dense += [
+            D(p + "input_layernorm", (h,), layer=i),
+            D(p + "self_attn.q_proj", (heads * hd, h), 0, layer=i),
+            D(p + "self_attn.k_proj", (kv_heads * hd, h), 0, layer=i),
+            D(p + "self_attn.v_proj", (kv_heads * hd, h), 0, layer=i),
+        ]
+        if bias:
+            dense += [
+                D(p + "self_attn.q_proj.bias", (heads * hd,), 0, layer=i),
+                D(p + "self_attn.k_proj.bias", (kv_heads * hd,), 0, layer=i),
+                D(p + "self_attn.v_proj.bias", (kv_heads * hd,), 0, layer=i),
+            ]
+        dense += [
+            D(p + "self_attn.o_proj", (h, heads * hd), 1, layer=i),
+            D(p + "post_attention_layernorm", (h,), layer=i),
+            D(p + "mlp.gate_up_proj", (2 * ffn, h), 0, layer=i),
+            D(p + "mlp.down_proj", (h, ffn), 1, layer=i),
+        ]
+    dense.append(D("norm", (h,), layer=n))
+    if not cfg.get("tie_word_embeddings", False):
+        dense.append(D("lm_head", (vocab, h), 0, layer=n))
+    spec = mr.ModelSpec(n, (), 0, (), tuple(dense))
+    return Shapes(spec, h, ffn, vocab, 2 * kv_heads * hd * 2, True)
+
+
+def numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def total_params(s: Shapes) -> int:
+    """Parameter count of the whole model (routed experts included)."""
+    dense = sum(numel(p.shape) for p in s.spec.dense_params)
+    experts = len(s.spec.moe_layers) * s.spec.num_experts * sum(numel(e.shape) for e in s.spec.expert_params)
+    return dense + experts
+
+
+# ----------------------------------------------------------------------------- the launch settings
+
+# verl's defaults for the keys the plan reads when a launch does not set them (verl 0.6.0 / 0.7.1 config
+# yaml: rollout/rollout.yaml, engine/fsdp.yaml, engine/megatron.yaml; vLLM-Ascend 0.13.0 refresh_block_size).
+DEFAULTS: dict[str, Any] = {
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.device": "cuda",
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "actor_rollout_ref.actor.strategy": "fsdp",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.n": 1,
+    "actor_rollout_ref.actor.recompute_old_log_prob": True,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+    "actor_rollout_ref.ref.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1,
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 1,
+    "actor_rollout_ref.actor.megatron.param_offload": False,
+    "actor_rollout_ref.actor.megatron.grad_offload": False,
+    "actor_rollout_ref.actor.megatron.optimizer_offload": False,
+    "actor_rollout_ref.actor.megatron.use_distributed_optimizer": True,
+    "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
+    "actor_rollout_ref.ref.megatron.param_offload": False,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.data_parallel_size": 1,
+    "actor_rollout_ref.rollout.expert_parallel_size": 1,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
+    "actor_rollout_ref.rollout.free_cache_engine": True,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": 8192,
+    "actor_rollout_ref.rollout.max_num_seqs": 1024,
+    "actor_rollout_ref.rollout.mode": "sync",
+    "actor_rollout_ref.rollout.explicit_offload": False,
+    "actor_rollout_ref.rollout.expert_reshard": "allgather",
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": 0,
+    "actor_rollout_ref.rollout.block_size": 128,
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
+}
+VOCAB_PADDING = 64
+ROLLOUT_DTYPE_BYTES = {
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+}
+STRATEGY_OF_CONFIG = {"ppo_trainer": "fsdp", "ppo_megatron_trainer": "megatron"}
+
+
+def _value(raw: Any) -> Any:
+    """A Hydra override's text as the value it means (True, 4, 0.8, a string)."""
+    if not isinstance(raw, str):
+        return raw
+    low = raw.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none"):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def settings_from_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a dry run's JSON plan (its final overrides), verl's defaults for the rest."""
+    out = dict(DEFAULTS)
+    out["actor_rollout_ref.actor.strategy"] = STRATEGY_OF_CONFIG.get(plan.get("config_name", ""), "fsdp")
+    for key, raw in (plan.get("overrides") or {}).items():
+        if raw is not None:
+            out[key.lstrip("+")] = _value(raw)
+    bucket_key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    if bucket_key in out:  # verl 0.7.1's name of it
+        out["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] = out.pop(bucket_key)
+    elif str((plan.get("verl") or {}).get("version") or "").startswith("0.7"):
+        out["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] = (
+            2048  # 0.7.1's rollout.yaml default
+        )
+    out["_recipe"] = plan.get("recipe")
+    return out
+
+
+def settings_from_overrides(overrides: list[str], config_name: str = "ppo_trainer") -> dict[str, Any]:
+    """The settings of a launcher's override list (each key's last), verl's defaults for the rest."""
+    final = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep:
+            final[key.lstrip("+~")] = value
+    return settings_from_plan({"config_name": config_name, "overrides": final})
+
+
+def settings_from_config(cfg, recipe: str | None = None) -> dict[str, Any]:
+    """The settings of a composed verl config (OmegaConf), as the preflight holds it."""
+    from omegaconf import OmegaConf
+
+    out = dict(DEFAULTS)
+    for key in [*DEFAULTS, "actor_rollout_ref.model.path"]:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not OmegaConf.is_config(value):
+            out[key] = value
+    # rollout.prompt_length / response_length follow data's in verl's config
+    bucket = OmegaConf.select(cfg, "actor_rollout_ref.rollout.update_weights_bucket_megabytes", default=None)
+    if bucket is None:
+        bucket = OmegaConf.select(
+            cfg, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", default=None
+        )
+    out["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] = int(bucket or 0)
+    out["_recipe"] = recipe
+    return out
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Term:
+    """One line of a phase: bytes per die, what they are, how they were obtained."""
+
+    name: str
+    nbytes: int
+    how: str = ""
+    estimate: bool = False
+
+
+@dataclass
+class Phase:
+    """A phase of the step, or the transition into one (kind 'transition': what moves, what is held after)."""
+
+    name: str
+    terms: list[Term]
+    kind: str = "phase"
+    moved: int = 0  # bytes copied between host and die in a transition
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(t.nbytes for t in self.terms)
+
+    def largest(self) -> Term:
+        return max(self.terms, key=lambda t: t.nbytes) if self.terms else Term("nothing", 0)
+
+
+@dataclass
+class Plan:
+    """Every phase of one step on the die that peaks, and what the plan was made from."""
+
+    die: Die
+    headroom: int
+    phases: list[Phase]
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    stage: int = 0
+    hint: str = ""
+    stage_plans: list[Plan] = field(default_factory=list)  # every PP stage's plan, when the stages differ
+    kv_bytes_per_token: int = 0  # one token's K and V over all layers, on one rollout rank
+
+    def phase_max(self, name: str) -> int | None:
+        """A phase's bytes on the die where it is largest (over the PP stages)."""
+        found = [ph.total for p in (self.stage_plans or [self]) for ph in p.phases if ph.name == name]
+        return max(found) if found else None
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def limit(self) -> int:
+        return self.die.memory - self.headroom
+
+    def refusal(self) -> str | None:
+        """One line when the peak does not fit the die less the headroom, else None."""
+        peak = self.peak
+        if peak.total <= self.limit:
+            return None
+        big = peak.largest()
+        return (
+            f"the planned peak per die, {peak.total / GIB:.1f} GiB in phase '{peak.name}', exceeds the "
+            f"{self.die.name}'s {self.die.memory / GIB:.0f} GiB less {self.headroom / GIB:.1f} GiB headroom; "
+            f"its largest term is {big.name} ({big.nbytes / GIB:.1f} GiB): {self._advice(big)} "
+            "(python3 -m ascend_rl plan_memory shows every term)"
+        )
+
+    def _advice(self, big: Term) -> str:
+        """What to change for the largest term, in one clause."""
+        if big.name in ("KV cache", "rollout weights", "rollout activations"):
+            return (
+                "lower actor_rollout_ref.rollout.gpu_memory_utilization, or offload what the die holds beside "
+                "vLLM's share (the actor's optimizer_offload / param_offload)"
+            )
+        if big.estimate:
+            return (
+                "lower the micro-batch (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu) or turn on "
+                "gradient checkpointing"
+            )
+        return self.hint or "offload it or shard it wider"
+
+
+def _b(x: float) -> int:
+    return int(round(x))
+
+
+@dataclass(frozen=True)
+class Layout:
+    world: int
+    strategy: str
+    tp: int
+    pp: int
+    ep: int
+    rollout_tp: int
+    rollout_ep: int
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    @property
+    def expert_dp(self) -> int:
+        return self.world // (self.ep * self.pp)
+
+
+def _layout(s: Mapping[str, Any]) -> Layout:
+    world = int(s["trainer.nnodes"]) * int(s["trainer.n_gpus_per_node"])
+    strategy = str(s["actor_rollout_ref.actor.strategy"])
+    if strategy == "megatron":
+        m = "actor_rollout_ref.actor.megatron."
+        tp, pp, ep = (
+            int(s[m + k])
+            for k in (
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "expert_model_parallel_size",
+            )
+        )
+    else:
+        tp, pp, ep = 1, 1, 1
+    r = "actor_rollout_ref.rollout."
+    rtp = int(s[r + "tensor_model_parallel_size"])
+    rep = int(s[r + "expert_parallel_size"]) or 1
+    return Layout(world, strategy, tp, pp, ep, rtp, rep)
+
+
+def _stage_weights(sh: Shapes, lay: Layout, stage: int, train: mr.TrainLayout | None) -> tuple[int, int]:
+    """(dense numel, routed-expert numel) one training rank of `stage` holds."""
+    spec = sh.spec
+    if lay.strategy != "megatron":
+        dense = sum(numel(p.shape) for p in spec.dense_params)
+        experts = len(spec.moe_layers) * spec.num_experts * sum(numel(e.shape) for e in spec.expert_params)
+        return -(-dense // lay.world), -(-experts // lay.world)  # FSDP: every tensor sharded over the world
+    assert train is not None
+    dense = sum(
+        numel(p.shard_shape(lay.tp))
+        for p in spec.dense_params
+        if train.stage_of_layer(p.layer, spec.num_layers) == stage
+    )
+    layers = sum(1 for x in spec.moe_layers if train.stage_of_layer(x, spec.num_layers) == stage)
+    per = spec.num_experts // lay.ep if spec.num_experts else 0
+    experts = layers * per * sum(numel(e.shape) for e in spec.expert_params)
+    return dense, experts
+
+
+def _rollout_weights(sh: Shapes, lay: Layout, dtype_bytes: int = 2) -> int:
+    """Bytes one rollout rank holds: dense weights split over the rollout's TP, experts over its EP, at the
+    rollout's dtype (bf16 by default; a weight kept in fp32, the router's bias, stays fp32)."""
+    spec = sh.spec
+
+    def size(dtype: str) -> int:
+        return max(dtype_bytes, mr.DTYPE_BYTES[dtype]) if dtype == "float32" else dtype_bytes
+
+    def padded(p: mr.DenseParam) -> mr.DenseParam:
+        # vLLM pads the vocabulary of its embedding and LM head to a multiple of 64
+        # (vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE) before splitting it over TP
+        if p.name not in ("embed_tokens", "lm_head"):
+            return p
+        rows = -(-p.shape[0] // VOCAB_PADDING) * VOCAB_PADDING
+        return mr.DenseParam(p.name, (rows, *p.shape[1:]), p.tp_dim, p.dtype, p.layer)
+
+    dense = sum(numel(padded(p).shard_shape(lay.rollout_tp)) * size(p.dtype) for p in spec.dense_params)
+    per = spec.num_experts // lay.rollout_ep if spec.num_experts else 0
+    experts = len(spec.moe_layers) * per * sum(numel(e.shape) for e in spec.expert_params) * dtype_bytes
+    return dense + experts
+
+
+def _layer_work(sh: Shapes, tokens: int, split: int) -> int:
+    """Estimate: one decoder layer's live bf16 tensors for `tokens` tokens (attention ~8 hidden-wide tensors,
+    the MLP's gate/up/act ~3 FFN-wide ones), over the split (TP with sequence parallel)."""
+    return _b(tokens * (8 * sh.hidden + 3 * sh.ffn) * 2 / split)
+
+
+def _logits(sh: Shapes, tokens: int, split: int) -> int:
+    """Estimate: the logits of `tokens` tokens in bf16 plus verl's fp32 log-softmax of them."""
+    return _b(tokens * sh.vocab * (2 + 4) / split)
+
+
+def plan(
+    s: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    die: Die,
+    *,
+    stage: int | None = None,
+    rollout_released: bool | None = None,
+) -> Plan:
+    """The per-die plan of one GRPO step. `stage`: the PP stage to plan (default: the one that peaks);
+    `rollout_released`: whether offloading the rollout frees its memory (default: yes, except without explicit
+    offload on several NPU nodes, where the original found vLLM's sleep mode did not free it)."""
+    sh = shapes(cfg)
+    lay = _layout(s)
+    if stage is None and lay.strategy == "megatron" and lay.pp > 1:
+        plans = [plan(s, cfg, die, stage=st, rollout_released=rollout_released) for st in range(lay.pp)]
+        worst = max(plans, key=lambda p: p.peak.total)
+        worst.stage_plans = plans
+        return worst
+    stage = stage or 0
+    r = "actor_rollout_ref.rollout."
+    a = "actor_rollout_ref.actor."
+    explicit = bool(s[r + "explicit_offload"])
+    nnodes = int(s["trainer.nnodes"])
+    free_cache = bool(s[r + "free_cache_engine"]) or explicit
+    if rollout_released is None:
+        # without free_cache_engine the engine keeps its memory; with it, sleep mode frees it except on several
+        # NPU nodes, where the original found it did not (the explicit offload does)
+        rollout_released = free_cache and (explicit or nnodes == 1 or str(s["trainer.device"]) != "npu")
+    seq = int(s["data.max_prompt_length"]) + int(s["data.max_response_length"])
+    train_layout = (
+        mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
+    )
+    dense_n, expert_n = _stage_weights(sh, lay, stage, train_layout)
+    n_local = dense_n + expert_n
+    facts = [
+        ("model", f"{total_params(sh) / 1e9:.2f}B parameters ({cfg.get('model_type')})"),
+        ("die", f"{die.name}: {die.memory / GIB:.0f} GiB ({die.source})"),
+    ]
+
+    # --- the actor's and reference's state
+    if lay.strategy == "megatron":
+        m, mref = a + "megatron.", "actor_rollout_ref.ref.megatron."
+        param_b, grad_b = 2, 4  # bf16 weights; fp32 grad buffer (verl sets grad_reduce_in_fp32)
+        # distributed optimizer: fp32 main weights + Adam's two moments, sharded over (expert) data parallel
+        dist = bool(s[m + "use_distributed_optimizer"])
+        opt = 12 * (dense_n / (lay.dp if dist else 1) + expert_n / (lay.expert_dp if dist else 1))
+        opt_how = (
+            f"fp32 main weights + Adam m, v (12 B/param), distributed optimizer: dense / DP{lay.dp}, "
+            f"experts / expert-DP{lay.expert_dp}"
+        )
+        if bool(s[m + "override_transformer_config.swap_optimizer"]):
+            times = 16
+            opt /= times
+            opt_how += (
+                f"; MindSpeed swap_optimizer keeps it on the host, 1/{times} swapped in at a time (estimate)"
+            )
+        p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
+        ref_off = bool(s[mref + "param_offload"])
+        shard = f"TP{lay.tp} PP{lay.pp} (stage {stage}) EP{lay.ep}"
+        ref_b = 2
+    else:
+        f = a + "fsdp_config."
+        param_b = 4 if str(s[f + "model_dtype"]) in ("fp32", "float32") else 2
+        grad_b = param_b
+        opt = 2 * param_b * n_local  # AdamW's m and v at the weights' dtype, FSDP-sharded
+        opt_how = f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), FSDP-sharded over {lay.world}"
+        p_off, o_off = bool(s[f + "param_offload"]), bool(s[f + "optimizer_offload"])
+        g_off = False  # FSDP's gradients are made by the backward pass and freed by zero_grad, never moved
+        ref_off = bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"])
+        shard = f"FSDP over {lay.world}"
+        ref_b = 2
+    actor_w = Term("actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}")
+    ref_w = Term("reference weights", n_local * ref_b, f"bf16, {shard}")
+    grads = Term("actor gradients", n_local * grad_b, f"{grad_b} B/param, {shard}")
+    optim = Term("optimizer states", _b(opt), opt_how)
+
+    # --- the rollout engine
+    roll_bytes = ROLLOUT_DTYPE_BYTES.get(str(s[r + "dtype"]), 2)
+    roll_w = _rollout_weights(sh, lay, roll_bytes)
+    rollout_w = Term(
+        "rollout weights",
+        roll_w,
+        f"{s[r + 'dtype']}, dense / TP{lay.rollout_tp}, experts / EP{lay.rollout_ep} (vLLM, PP1)",
+    )
+    tokens_budget = int(s[r + "max_num_batched_tokens"])
+    seqs = int(s[r + "max_num_seqs"])
+    roll_act = Term(
+        "rollout activations",
+        _layer_work(sh, tokens_budget, lay.rollout_tp) + seqs * sh.vocab * 4,
+        f"estimate: one layer for max_num_batched_tokens {tokens_budget} + the sampler's fp32 logits for "
+        f"max_num_seqs {seqs} (vLLM's profile run)",
+        estimate=True,
+    )
+    util = float(s[r + "gpu_memory_utilization"])
+    # vLLM-Ascend 0.13.0 (NPUWorker.determine_available_memory): the die's memory x utilisation, less the profile
+    # run's peak and everything else allocated on the die (other processes' too) when the engine starts
+    at_start = [actor_w] if not p_off else []
+    if not ref_off:
+        at_start.append(ref_w)
+    kv = max(0, _b(die.memory * util) - roll_w - roll_act.nbytes - sum(t.nbytes for t in at_start))
+    kv_token = sh.kv_bytes_per_token_layer * roll_bytes // 2 // (lay.rollout_tp if sh.kv_split_by_tp else 1)
+    block = int(s[r + "block_size"])
+    blocks = kv // (block * kv_token * sh.spec.num_layers) if kv_token else 0
+    kv_t = Term(
+        "KV cache",
+        kv,
+        f"{util:g} x {die.memory / GIB:.0f} GiB less the engine's weights, profile peak and "
+        f"{' + '.join(t.name for t in at_start) or 'nothing else'} at engine start: {blocks} blocks of {block} "
+        f"tokens ({kv_token * sh.spec.num_layers} B/token) = {blocks * block} tokens",
+    )
+    facts.append(("KV cache", f"{kv / GIB:.2f} GiB = {blocks} blocks of {block} tokens"))
+
+    # --- activations (estimates)
+    n_layers_here = (
+        sum(
+            1
+            for i in range(sh.spec.num_layers)
+            if train_layout.stage_of_layer(i, sh.spec.num_layers) == stage
+        )
+        if train_layout
+        else sh.spec.num_layers
+    )
+    last_stage = stage == lay.pp - 1
+    mb = int(s[a + "ppo_micro_batch_size_per_gpu"])
+    t_train = mb * seq
+    ckpt = bool(s["actor_rollout_ref.model.enable_gradient_checkpointing"])
+    # 1F1B: stage s holds up to pp - s micro-batches' activations (fewer when the mini-batch has fewer)
+    n_micro = max(
+        1, int(s.get(a + "ppo_mini_batch_size", mb) or mb) * int(s.get(r + "n", 1) or 1) // (mb * lay.dp)
+    )
+    inflight = min(lay.pp - stage, n_micro) if lay.pp > 1 else 1
+    if ckpt:
+        stored = n_layers_here * t_train * sh.hidden * 2 // lay.tp + _layer_work(sh, t_train, lay.tp)
+        how = "checkpointed layer inputs + one layer recomputed"
+    else:
+        stored = n_layers_here * _layer_work(sh, t_train, lay.tp)
+        how = f"{n_layers_here} layers' activations"
+    train_act = Term(
+        "activations (update)",
+        stored * inflight + (_logits(sh, t_train, lay.tp) if last_stage else 0),
+        f"estimate: micro-batch {mb} x {seq} tokens, {how}"
+        + (f", {inflight} micro-batches in flight (1F1B)" if inflight > 1 else "")
+        + (", logits" if last_stage else ""),
+        estimate=True,
+    )
+
+    def fwd_act(key: str, label: str) -> Term:
+        mbf = int(s[key])
+        t = mbf * seq
+        return Term(
+            label,
+            _layer_work(sh, t, lay.tp) + (_logits(sh, t, lay.tp) if last_stage else 0),
+            f"estimate: forward only, micro-batch {mbf} x {seq} tokens, one layer live"
+            + (", logits" if last_stage else ""),
+            estimate=True,
+        )
+
+    # --- the reshard buffers of the weight sync
+    reshard: list[Term] = []
+    method = str(s[r + "expert_reshard"])
+    if sh.spec.num_experts and lay.strategy == "megatron":
+        w1 = max(sh.spec.expert_params, key=lambda e: e.nbytes)
+        ex_plan = mr.plan_experts(
+            train_layout, mr.RolloutLayout(lay.world, ep=lay.rollout_ep), sh.spec.num_experts
+        )
+        if method == mr.ALLTOALLV and ex_plan.method == mr.ALLTOALLV:
+            extra = max(
+                mr.expert_step_traffic(ex_plan, rank, st, w1.nbytes)["extra"]
+                for rank in range(lay.world)
+                for st in range(lay.pp)
+            )
+            how = f"AlltoAllV plan (moe_reshard.expert_step_traffic): peak extra of one layer's {w1.name}, max over ranks"
+        else:
+            extra = max(
+                kw["extra"]
+                for rank in range(lay.world)
+                for st in range(lay.pp)
+                for _, kw in mr.baseline_step_traffic(train_layout, sh.spec.num_experts, rank, st, w1.nbytes)
+            )
+            how = f"all-gather over EP{lay.ep} (moe_reshard.baseline_step_traffic): every expert of one layer's {w1.name}"
+        reshard.append(Term("reshard buffer, routed experts", extra, how))
+        facts.append(("reshard increment", f"{extra / GIB:.4f} GiB per die ({method})"))
+    big = max(sh.spec.dense_params, key=lambda p: p.nbytes)
+    if lay.strategy == "megatron" and lay.tp > 1:
+        reshard.append(
+            Term(
+                "reshard buffer, dense",
+                2 * big.nbytes,
+                f"verl's per_tensor_generator: the TP all-gather's parts and their concatenation of {big.name}",
+            )
+        )
+    else:
+        n_big = numel(big.shape)
+        gather = n_big * param_b if lay.world > 1 else 0  # FSDP's full_tensor of the sharded weight
+        cast = n_big * 2 if param_b != 2 else 0  # its bf16 copy for the engine
+        if gather + cast:
+            reshard.append(
+                Term(
+                    "reshard buffer, dense",
+                    gather + cast,
+                    f"full {big.name}: gathered at {param_b} B and cast to bf16",
+                )
+            )
+    bucket = int(s[r + "update_weights_bucket_megabytes"]) * MIB
+    if bucket and str(s[r + "mode"]) == "async":
+        reshard.append(
+            Term(
+                "weight bucket",
+                min(bucket, roll_w),
+                "the server-mode sync's bucket (update_weights_bucket_megabytes)",
+            )
+        )
+
+    # --- residency by phase, in verl's order
+    opt_resident = [] if o_off else [optim]
+    actor_resident_gen = [] if p_off else [actor_w]
+    ref_resident = [] if ref_off else [ref_w]
+    stay = [] if rollout_released else [rollout_w, kv_t]
+    released_note = (
+        "" if rollout_released else " (sleep mode left the rollout's weights and KV cache on the die)"
+    )
+    recompute = bool(s[a + "recompute_old_log_prob"])
+    phases = [
+        Phase("generation", [rollout_w, kv_t, roll_act, *actor_resident_gen, *opt_resident, *ref_resident]),
+        Phase(
+            "offload rollout",
+            [*stay, *actor_resident_gen, *opt_resident, *ref_resident],
+            "transition",
+            moved=roll_w if rollout_released and free_cache else 0,
+            note="rollout weights to the host, KV cache freed" + released_note,
+        ),
+        Phase(
+            "reference forward",
+            [
+                *stay,
+                ref_w,
+                fwd_act("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "activations (forward)"),
+                *actor_resident_gen,
+                *opt_resident,
+            ],
+            moved=ref_w.nbytes if ref_off else 0,
+            note="reference weights onloaded" if ref_off else "",
+        ),
+    ]
+    if recompute:
+        phases.append(
+            Phase(
+                "old-log-prob forward",
+                [
+                    *stay,
+                    actor_w,
+                    fwd_act(
+                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "activations (forward)"
+                    ),
+                    *opt_resident,
+                    *ref_resident,
+                ],
+                moved=actor_w.nbytes if p_off else 0,
+            )
+        )
+    else:
+        facts.append(("old-log-prob forward", "skipped (actor.recompute_old_log_prob=False)"))
+    phases += [
+        Phase(
+            "onload actor",
+            [*stay, actor_w, grads, optim, *ref_resident],
+            "transition",
+            moved=(actor_w.nbytes if p_off else 0)
+            + (grads.nbytes if g_off else 0)
+            + (optim.nbytes if o_off else 0),
+            note="weights, gradients, optimizer states onto the die",
+        ),
+        Phase("actor update", [*stay, actor_w, grads, optim, train_act, *ref_resident]),
+        Phase(
+            "offload actor",
+            [*stay, *([actor_w] if (explicit or not p_off) else []), *opt_resident, *ref_resident],
+            "transition",
+            moved=(optim.nbytes if o_off else 0) + (0 if explicit or not p_off else actor_w.nbytes),
+            note="gradients freed; "
+            + (
+                "weights kept for the reshard (explicit offload)"
+                if explicit and p_off
+                else "offloaded as configured"
+            ),
+        ),
+        Phase(
+            "weight sync and reshard",
+            [
+                actor_w,
+                rollout_w,
+                *reshard,
+                *([kv_t] if not rollout_released else []),
+                *opt_resident,
+                *ref_resident,
+            ],
+            moved=(roll_w if rollout_released else 0) + (actor_w.nbytes if p_off and not explicit else 0),
+            note="rollout weights onloaded, actor weights exported into them",
+        ),
+        Phase(
+            "onload KV cache",
+            [rollout_w, kv_t, *actor_resident_gen, *opt_resident, *ref_resident],
+            "transition",
+            moved=actor_w.nbytes if p_off else 0,
+            note="actor weights offloaded, then the KV cache allocated" if p_off else "KV cache allocated",
+        ),
+    ]
+    comms = 0
+    if lay.world > 1:
+        comms = (
+            4 if lay.strategy == "megatron" else 1
+        ) + 3  # Megatron TP/PP/EP/DP (or FSDP's), vLLM TP/DP/EP
+    hint = ""
+    if lay.strategy == "megatron" and sh.spec.num_experts and lay.expert_dp > 1:
+        hint = (
+            f"raise actor/ref megatron.expert_model_parallel_size (EP{lay.ep} keeps every expert on "
+            f"{lay.expert_dp} dies; up to EP{lay.world // lay.pp} fits a stage), or shard or offload it otherwise"
+        )
+    return Plan(
+        die,
+        headroom_bytes(comms),
+        phases,
+        facts,
+        stage,
+        hint,
+        kv_bytes_per_token=kv_token * sh.spec.num_layers,
+    )
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def table(p: Plan, gib: Callable[[int], str] = lambda n: f"{n / GIB:.2f}") -> str:
+    """The plan as a Markdown table: one row per phase, its total and its terms."""
+    rows = [
+        f"Per die, {p.die.name}, {p.die.memory / GIB:.0f} GiB; peak **{gib(p.peak.total)} GiB** in "
+        f"*{p.peak.name}*; limit {gib(p.limit)} GiB (headroom {gib(p.headroom)} GiB)"
+        + (f"; PP stage {p.stage}" if p.stage else ""),
+        "",
+        "| phase | GiB | terms (GiB; ~ = estimate) | host<->die GiB |",
+        "|---|---|---|---|",
+    ]
+    for ph in p.phases:
+        name = ph.name if ph.kind == "phase" else f"→ {ph.name}"
+        terms = ", ".join(
+            f"{t.name} {'~' if t.estimate else ''}{gib(t.nbytes)}" for t in ph.terms if t.nbytes
+        )
+        rows.append(f"| {name} | {gib(ph.total)} | {terms or '-'} | {gib(ph.moved) if ph.moved else '-'} |")
+    return "\n".join(rows)
+
+
+def as_json(p: Plan) -> dict[str, Any]:
+    return {
+        "die": {"name": p.die.name, "bytes": p.die.memory, "source": p.die.source},
+        "headroom": p.headroom,
+        "limit": p.limit,
+        "stage": p.stage,
+        "peak": {"phase": p.peak.name, "bytes": p.peak.total, "largest": p.peak.largest().name},
+        "phases": [
+            {
+                "name": ph.name,
+                "kind": ph.kind,
+                "bytes": ph.total,
+                "moved": ph.moved,
+                "note": ph.note,
+                "terms": [
+                    {"name": t.name, "bytes": t.nbytes, "how": t.how, "estimate": t.estimate}
+                    for t in ph.terms
+                ],
+            }
+            for ph in p.phases
+        ],
+        "facts": dict(p.facts),
+    }
+
+
+def die_for(settings: Mapping[str, Any], name: str | None = None) -> Die:
+    """The die to plan against: named, else the recipe's (RECIPE_DIE), else an A2."""
+    if name:
+        key = name.upper()
+        if key not in DIES:
+            raise ValueError(f"no die {name!r}; known: {', '.join(DIES)}")
+        return DIES[key]
+    return DIES[RECIPE_DIE.get(str(settings.get("_recipe")), "A2")]
+
+
+def plan_launch(settings: Mapping[str, Any], die: str | None = None, model: str | None = None, **kw) -> Plan:
+    """Plan a launch's settings: its model's config (or the shipped table), its die."""
+    cfg, source = model_config(settings.get("actor_rollout_ref.model.path"), model)
+    p = plan(settings, cfg, die_for(settings, die), **kw)
+    p.facts.insert(0, ("model config", source))
+    return p
+
+
+def short_plan_lines(p: Plan) -> list[str]:
+    """The dry run's lines: each phase's total, the peak marked."""
+    peak = p.peak
+    out = []
+    for ph in p.phases:
+        mark = "  <- peak" if ph is peak else ""
+        label = ph.name if ph.kind == "phase" else f"-> {ph.name}"
+        out.append(f"{label:<26} {ph.total / GIB:7.2f} GiB  (largest: {ph.largest().name}){mark}")
+    return out
+
+
+def measured_terms(p: Plan) -> dict[str, int]:
+    """The plan's exact terms a CPU run's hook measures (hooks/recipes_memory_record.py), by the record's names:
+    the actor's weights, gradients and optimizer states in the update, the rollout's weights, and the KV cache's
+    bytes per block token (the KV cache's size on CPU is VLLM_CPU_KVCACHE_SPACE's, not vLLM-Ascend's rule)."""
+    update = {t.name: t.nbytes for t in next(ph for ph in p.phases if ph.name == "actor update").terms}
+    gen = {t.name: t for t in next(ph for ph in p.phases if ph.name == "generation").terms}
+    return {
+        "weights": update["actor weights"],
+        "gradients": update["actor gradients"],
+        "optimizer_states": update["optimizer states"],
+        "rollout_weights": gen["rollout weights"].nbytes,
+        "kv_cache_per_token": p.kv_bytes_per_token,
+    }

@@ -1,0 +1,484 @@
+"""The per-die memory plan (ascend_rl/memory_plan.py, `python3 -m ascend_rl plan_memory`) and its use by the
+preflight: figures worked out by hand for small models, the original's reshard increment at its layout, the
+one-line refusal and the dry run's print. Fast: no launcher, no verl tree, no torch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascend_rl import memory_plan as mp
+from ascend_rl.cli import plan_memory as cli
+from ascend_rl.paths import RECIPES
+from llm_rl.deepseek_r1 import bench_reshard
+from llm_rl.deepseek_r1 import moe_reshard as mr
+
+# A Qwen2-shaped toy: hidden 8, FFN 16, 2 layers, 2 heads of 4 (1 KV head), vocab 32, tied embeddings.
+TINY_QWEN = {
+    "model_type": "qwen2",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 32,
+    "tie_word_embeddings": True,
+}
+# By hand, per layer: norms 8 + 8, q 8x8 + 8, k 4x8 + 4, v 4x8 + 4, o 8x8, gate/up 32x8, down 8x16 = 608;
+# two layers 1216, embedding 32x8 = 256, final norm 8.
+TINY_QWEN_PARAMS = 1480
+# vLLM pads the vocabulary to a multiple of 64: its embedding is 64 x 8, 256 values more than the checkpoint's
+TINY_QWEN_VLLM = TINY_QWEN_PARAMS + (64 - 32) * 8
+
+# A DeepSeek-V3-shaped toy: layer 0 dense, layer 1 MoE with 4 routed experts of FFN 4 and one shared expert.
+TINY_DS = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "moe_intermediate_size": 4,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 2,
+    "q_lora_rank": None,
+    "kv_lora_rank": 4,
+    "qk_nope_head_dim": 2,
+    "qk_rope_head_dim": 2,
+    "v_head_dim": 2,
+    "vocab_size": 16,
+    "tie_word_embeddings": False,
+}
+# By hand: embedding 128; layer 0: norms 8 + 8, q 8x8, kv_a 6x8, kv_a norm 4, kv_b 8x4, o 8x4, gate/up 32x8,
+# down 8x16 = 580; layer 1: the same attention 196, router 4x8 + bias 4, shared gate/up 8x8, shared down 8x4
+# = 328; final norm 8; lm_head 128. Routed experts: w1 8x8 + w2 8x4 = 96 each.
+TINY_DS_DENSE = 1172
+TINY_DS_EXPERT = 96
+
+DIE = mp.Die("test die", 2**20, "a test")
+QWEN_SINGLE = RECIPES / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+
+
+def _settings(**kw) -> dict:
+    out = dict(mp.DEFAULTS)
+    out.update({k.replace("__", "."): v for k, v in kw.items()})
+    return out
+
+
+def _fsdp(**kw) -> dict:
+    base = {
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": 2,
+        "trainer.device": "npu",
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 8,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
+        "actor_rollout_ref.rollout.max_num_batched_tokens": 16,
+        "actor_rollout_ref.rollout.max_num_seqs": 4,
+        "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    }
+    base.update(kw)
+    return _settings(**base)
+
+
+def _terms(phase: mp.Phase) -> dict[str, int]:
+    return {t.name: t.nbytes for t in phase.terms}
+
+
+def _phase(plan: mp.Plan, name: str) -> mp.Phase:
+    return next(p for p in plan.phases if p.name == name)
+
+
+def test_dense_model_by_hand_fsdp_over_two_dies():
+    sh = mp.shapes(TINY_QWEN)
+    assert mp.total_params(sh) == TINY_QWEN_PARAMS
+    plan = mp.plan(_fsdp(), TINY_QWEN, DIE)
+    per_die = TINY_QWEN_PARAMS // 2  # FSDP shards every weight over the 2 dies: 740 params
+    update = _terms(_phase(plan, "actor update"))
+    assert update["actor weights"] == per_die * 4  # fp32 actor (verl's model_dtype default)
+    assert update["actor gradients"] == per_die * 4
+    assert update["optimizer states"] == per_die * 8  # AdamW m and v in fp32
+    gen = _terms(_phase(plan, "generation"))
+    assert gen["rollout weights"] == TINY_QWEN_VLLM * 2  # the whole model in bf16 at rollout TP1
+    # vLLM-Ascend: 0.5 x the die, less the engine's weights, its profile peak and the actor already there. The profile
+    # estimate: 16 tokens x (8 x 8 + 3 x 16) x 2 B, plus the sampler's 4 x 32 fp32 logits.
+    profile = 16 * (8 * 8 + 3 * 16) * 2 + 4 * 32 * 4
+    assert gen["rollout activations"] == profile
+    kv = 2**19 - TINY_QWEN_VLLM * 2 - profile - per_die * 4
+    assert gen["KV cache"] == kv
+    # one token of one layer: K and V, 1 head of 4, bf16 = 16 B; 2 layers; blocks of 128 tokens
+    assert plan.kv_bytes_per_token == 32
+    assert dict(plan.facts)["KV cache"].endswith(f"= {kv // (32 * 128)} blocks of 128 tokens")
+    # the generation holds vLLM's whole budget plus what arrived after the engine started: Adam's states
+    assert _phase(plan, "generation").total == 2**19 + per_die * 8
+    assert "reference weights" not in gen  # offloaded
+
+
+def test_rollout_tensor_parallel_splits_by_hand():
+    plan = mp.plan(_fsdp(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 2}), TINY_QWEN, DIE)
+    # TP2: embedding (padded to 64 rows) 256; per layer norms 16, q 32 + 4, k 16 + 2, v 16 + 2, o 32, gate/up 128,
+    # down 64; final norm 8
+    assert _terms(_phase(plan, "generation"))["rollout weights"] == (256 + 2 * 312 + 8) * 2
+
+
+def test_offloads_move_the_state_off_the_die():
+    kept = mp.plan(_fsdp(), TINY_QWEN, DIE)
+    off = mp.plan(
+        _fsdp(
+            **{
+                "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+                "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+            }
+        ),
+        TINY_QWEN,
+        DIE,
+    )
+    assert "optimizer states" in _terms(_phase(kept, "generation"))
+    assert "optimizer states" not in _terms(_phase(off, "generation"))
+    assert "actor weights" not in _terms(_phase(off, "generation"))
+    assert _phase(off, "onload actor").moved == 740 * (
+        4 + 8
+    )  # weights and Adam; FSDP makes its gradients anew
+    assert _phase(off, "actor update").total == _phase(kept, "actor update").total
+
+
+def _megatron(**kw) -> dict:
+    base = {
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": 4,
+        "trainer.device": "npu",
+        "actor_rollout_ref.actor.strategy": "megatron",
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 2,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.rollout.data_parallel_size": 4,
+        "actor_rollout_ref.rollout.expert_parallel_size": 4,
+        "actor_rollout_ref.rollout.expert_reshard": "alltoallv",
+        "actor_rollout_ref.rollout.explicit_offload": True,
+    }
+    base.update(kw)
+    return _settings(**base)
+
+
+def test_moe_model_by_hand_with_the_distributed_optimizer():
+    sh = mp.shapes(TINY_DS)
+    assert mp.total_params(sh) == TINY_DS_DENSE + 4 * TINY_DS_EXPERT
+    plan = mp.plan(_megatron(), TINY_DS, DIE)
+    update = _terms(_phase(plan, "actor update"))
+    local = TINY_DS_DENSE + 2 * TINY_DS_EXPERT  # TP1 PP1: every dense weight; EP2: 2 of the 4 experts
+    assert update["actor weights"] == local * 2  # bf16
+    assert update["actor gradients"] == local * 4  # Megatron's fp32 grad buffer, not sharded
+    # fp32 main weights + Adam m, v = 12 B/param; dense over DP4, experts over expert-DP 2
+    assert update["optimizer states"] == 12 * (TINY_DS_DENSE / 4 + 2 * TINY_DS_EXPERT / 2)
+    # rollout EP4: one expert each, dense whole at TP1, in bf16 but the router's fp32 bias (4 values); the embedding
+    # and the LM head padded from 16 to 64 rows of 8
+    vllm_dense = TINY_DS_DENSE + 2 * (64 - 16) * 8
+    assert (
+        _terms(_phase(plan, "generation"))["rollout weights"] == (vllm_dense - 4 + TINY_DS_EXPERT) * 2 + 4 * 4
+    )
+    # the AlltoAllV moves one w1 expert (8x8 bf16) to each die; the all-gather all 4
+    sync = _terms(_phase(plan, "weight sync and reshard"))
+    assert sync["reshard buffer, routed experts"] == 8 * 8 * 2
+    gathered = mp.plan(_megatron(**{"actor_rollout_ref.rollout.expert_reshard": "allgather"}), TINY_DS, DIE)
+    assert (
+        _terms(_phase(gathered, "weight sync and reshard"))["reshard buffer, routed experts"] == 4 * 8 * 8 * 2
+    )
+
+
+def _original(method: str) -> dict:
+    """The original's reshard layout: 256 dies, training TP4 EP8 PP8, rollout EP256 (the launcher's --variant random)."""
+    return _settings(
+        **{
+            "trainer.nnodes": 16,
+            "trainer.n_gpus_per_node": 16,
+            "trainer.device": "npu",
+            "actor_rollout_ref.actor.strategy": "megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": 4,
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 8,
+            "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 8,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+            "actor_rollout_ref.rollout.data_parallel_size": 128,
+            "actor_rollout_ref.rollout.expert_parallel_size": 256,
+            "actor_rollout_ref.rollout.expert_reshard": method,
+            "actor_rollout_ref.rollout.explicit_offload": True,
+        }
+    )
+
+
+@pytest.mark.parametrize("method,gib", [("alltoallv", 0.0547), ("allgather", 14.0)])
+def test_the_originals_reshard_increment_at_its_layout(method, gib):
+    cfg, _ = mp.model_config(None, "deepseek-r1")
+    plan = mp.plan(_original(method), cfg, mp.DIES["A3"], stage=1)
+    extra = _terms(_phase(plan, "weight sync and reshard"))["reshard buffer, routed experts"]
+    assert round(extra / mp.GIB, 4) == gib
+    # the same figure bench_reshard prints (moe_reshard's planner, not a second derivation)
+    train = mr.TrainLayout(256, tp=4, ep=8, pp=8)
+    _, rows = bench_reshard.expert_rows(train, mr.RolloutLayout(256, ep=256), mr.deepseek_v3_spec())
+    peak_row = next(r for r in rows if "peak extra" in r[0])
+    assert peak_row[2 if method == "alltoallv" else 1] == f"{gib:.4f}"
+
+
+def test_the_shipped_deepseek_table_is_moe_reshards_deepseek_v3():
+    cfg, source = mp.model_config(None, "deepseek-r1")
+    assert mp.shapes(cfg).spec == mr.deepseek_v3_spec()
+    assert "config.json" in source
+    assert 670e9 < mp.total_params(mp.shapes(cfg)) < 672e9  # DeepSeek-R1: 671B without the MTP layer
+    qwen, _ = mp.model_config(None, "qwen2.5-1.5b")
+    assert round(mp.total_params(mp.shapes(qwen)) / 1e9, 2) == 1.54
+
+
+def test_a_model_folder_without_config_json_falls_back_to_the_table_by_name(tmp_path):
+    _, source = mp.model_config(str(tmp_path / "Qwen2_5_1_5B_Instruct"))
+    assert "shipped table" in source
+    with pytest.raises(ValueError, match="no config.json"):
+        mp.model_config(str(tmp_path / "my-model"))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_QWEN))
+    cfg, source = mp.model_config(str(tmp_path / "m"))
+    assert cfg == TINY_QWEN and source.endswith("config.json")
+
+
+def test_a_peak_over_the_die_is_refused_in_one_line_naming_phase_and_term():
+    small = mp.Die("small die", 40_000, "a test")
+    plan = mp.plan(_fsdp(), TINY_QWEN, small)
+    line = plan.refusal()
+    assert line is not None and "\n" not in line
+    peak = plan.peak
+    assert f"phase '{peak.name}'" in line and peak.largest().name in line
+    roomy = mp.plan(_fsdp(), TINY_QWEN, mp.Die("big die", 16 * 2**30, "a test"))
+    assert roomy.refusal() is None
+
+
+def _cfg(settings: dict, model: str):
+    from omegaconf import OmegaConf
+
+    nested: dict = {}
+    for key, value in settings.items():
+        node = nested
+        *head, last = key.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = value
+    nested["actor_rollout_ref"]["model"] = {"path": model}
+    return OmegaConf.create(nested)
+
+
+def test_the_preflight_refuses_over_the_die_and_skips_the_cpu_profile(tmp_path):
+    from ascend_rl import preflight
+
+    (tmp_path / "m").mkdir()
+    big = dict(TINY_QWEN, hidden_size=8192, intermediate_size=32768, num_hidden_layers=48, vocab_size=151936)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(big))
+    settings = _fsdp(**{"trainer.n_gpus_per_node": 1})
+    check, plan = preflight.check_memory(_cfg(settings, str(tmp_path / "m")), "qwen2_5")
+    assert check.status == "FAIL" and plan is not None
+    assert check.detail.startswith(plan.refusal()) and "Atlas A2" in check.detail and "\n" not in check.detail
+    assert check.detail.endswith("RECIPES_MEMORY_PLAN=warn launches anyway")
+    check, plan = preflight.check_memory(_cfg(settings, str(tmp_path / "m")), "qwen2_5", cpu=True)
+    assert (check.status, plan) == ("skipped", None)
+    cpu = _cfg(dict(settings, **{"trainer.device": "cpu"}), str(tmp_path / "m"))
+    assert preflight.check_memory(cpu, "qwen2_5")[0].status == "skipped"
+    assert "memory" in preflight.MACHINE_CHECKS  # a dry run shows it as a warning, a launch stops
+
+
+def test_the_memory_refusal_becomes_a_warning_only_when_the_user_says_so(tmp_path, monkeypatch):
+    from ascend_rl import preflight
+
+    (tmp_path / "m").mkdir()
+    big = dict(TINY_QWEN, hidden_size=8192, intermediate_size=32768, num_hidden_layers=48, vocab_size=151936)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(big))
+    cfg = _cfg(_fsdp(**{"trainer.n_gpus_per_node": 1}), str(tmp_path / "m"))
+    monkeypatch.setenv("RECIPES_MEMORY_PLAN", "yes")  # anything but "warn" keeps the refusal
+    assert preflight.check_memory(cfg, "qwen2_5")[0].status == "FAIL"
+    monkeypatch.setenv("RECIPES_MEMORY_PLAN", "warn")
+    check, plan = preflight.check_memory(cfg, "qwen2_5")
+    assert (
+        check.status == "warn"
+        and check.detail.startswith(plan.refusal())
+        and "launching anyway" in check.detail
+    )
+
+
+def test_the_qwen_default_fits_an_a2_card():
+    """The single-card launcher's settings (run_qwen2_5_1_5b.sh with NPUS=1, verl 0.7.1's server mode)."""
+    plan_json = {
+        "recipe": "qwen2_5",
+        "config_name": "ppo_trainer",
+        "verl": {"version": "0.7.1"},
+        "overrides": {
+            "data.max_prompt_length": "512",
+            "data.max_response_length": "1024",
+            "actor_rollout_ref.model.path": "/nowhere/Qwen2_5_1_5B_Instruct",
+            "actor_rollout_ref.model.enable_gradient_checkpointing": "True",
+            "actor_rollout_ref.actor.ppo_mini_batch_size": "256",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "8",
+            "actor_rollout_ref.ref.fsdp_config.param_offload": "True",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "16",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
+            "actor_rollout_ref.rollout.gpu_memory_utilization": "0.8",
+            "actor_rollout_ref.rollout.n": "8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "16",
+            "actor_rollout_ref.rollout.mode": "async",
+            "trainer.device": "npu",
+            "trainer.nnodes": "1",
+            "trainer.n_gpus_per_node": "1",
+        },
+    }
+    plan = mp.plan_launch(mp.settings_from_plan(plan_json))
+    assert plan.die is mp.DIES["A2"] and plan.refusal() is None
+    # the peak is generation: vLLM's 0.8 x 64 GiB plus Adam's fp32 states (1.54B x 8 B), allocated after the engine
+    params = mp.total_params(mp.shapes(mp.KNOWN_MODELS["qwen2.5-1.5b"][0]))
+    assert plan.peak.name == "generation"
+    assert plan.peak.total == round(0.8 * 64 * mp.GIB) + 8 * params
+
+
+def test_the_cli_reads_a_plan_from_stdin_and_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
+    import io
+
+    settings = {"trainer.device": "npu", "trainer.nnodes": "1", "trainer.n_gpus_per_node": "1"}
+    plan_json = {"recipe": "qwen2_5", "config_name": "ppo_trainer", "overrides": settings}
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_QWEN))
+    plan_json["overrides"]["actor_rollout_ref.model.path"] = str(model)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(plan_json)))
+    assert cli.main(["--plan", "-", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["peak"]["phase"] in [p["name"] for p in doc["phases"]]
+    assert doc["die"]["source"]
+    big = dict(TINY_QWEN, hidden_size=8192, intermediate_size=32768, num_hidden_layers=64, vocab_size=151936)
+    (model / "config.json").write_text(json.dumps(big))
+    (tmp_path / "plan.json").write_text(json.dumps(plan_json))
+    assert cli.main(["--plan", str(tmp_path / "plan.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("plan_memory: the planned peak per die")
+    assert cli.main(["--plan", str(tmp_path / "nowhere.json")]) == 2
+
+
+def test_the_dry_run_prints_the_peak_per_phase():
+    plan = mp.plan(_fsdp(), TINY_QWEN, DIE)
+    lines = mp.short_plan_lines(plan)
+    assert len(lines) == len(plan.phases)
+    marked = [ln for ln in lines if ln.endswith("<- peak")]
+    assert len(marked) == 1 and marked[0].startswith(plan.peak.name)
+    table = mp.table(plan)
+    assert all(p.name in table for p in plan.phases)
+
+
+def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tree):
+    """Through the single-card launcher as a user runs it (verl 0.6.0 tree of the fixtures; no model there, so
+    the shipped Qwen2.5-1.5B table is used): a memory line in the report and the plan's phases after it."""
+    from launcher_env import launcher_env, run_launcher
+
+    proc = run_launcher(QWEN_SINGLE, ["--dry-run"], launcher_env(tmp_path, verl_tree))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    memory = next(ln for ln in lines if ln.lstrip().startswith("memory "))
+    assert " ok " in memory and "generation" in memory and "Atlas A2" in memory
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("memory plan per die"))
+    phases = [ln.split()[0] for ln in lines[start + 1 : start + 10]]
+    assert phases[0] == "generation" and "actor" in phases
+    assert sum(ln.endswith("<- peak") for ln in lines) == 1
+
+
+def test_the_memory_hook_records_weights_gradients_and_adam_states(tmp_path, monkeypatch):
+    """hooks/recipes_memory_record.py on a stand-in for verl's DataParallelPPOActor: the bytes it writes are the
+    tensors' sizes (the full-tier test below runs it inside a real CPU run)."""
+    import importlib
+    import sys
+    import types
+
+    import torch
+
+    from ascend_rl.paths import HARNESS_HOOKS
+
+    record = tmp_path / "memory.jsonl"
+    monkeypatch.setenv("RECIPES_MEMORY_RECORD", str(record))
+    monkeypatch.syspath_prepend(str(HARNESS_HOOKS))
+    sys.modules.pop("recipes_memory_record", None)
+    hook = importlib.import_module("recipes_memory_record")
+    try:
+        model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 values
+
+        class Actor:
+            def __init__(self):
+                self.actor_module = model
+                self.actor_optimizer = torch.optim.AdamW(model.parameters())
+
+            def _optimizer_step(self):
+                self.actor_optimizer.step()
+
+        module = types.SimpleNamespace(DataParallelPPOActor=Actor)
+        hook._patch_actor(module)
+        model(torch.ones(2, 8)).sum().backward()
+        Actor()._optimizer_step()
+        (line,) = [json.loads(x) for x in record.read_text().splitlines()]
+        assert line["phase"] == "actor update"
+        assert (line["weights"], line["gradients"], line["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+    finally:
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "recipes_memory_record"]
+        sys.modules.pop("recipes_memory_record", None)
+
+
+# --- checked against measurement (make test-full): a CPU run's bytes per rank and phase equal the plan's
+
+DRIVER = """
+import json, subprocess, sys
+from pathlib import Path
+from ascend_rl.harness import e2e, launch as hl
+from ascend_rl.paths import RECIPES, REPO
+
+out, record = Path(sys.argv[1]), Path(sys.argv[1]) / "memory.jsonl"
+launcher = RECIPES / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
+overrides = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+model_dir, data_dir = e2e.prepare_inputs(out, warm_start_steps=300)
+# the launch plan of exactly this launch (the harness's environment), then the launch with the hook on
+env = hl.launcher_env("memory", out, model_dir, data_dir, False)
+plan = subprocess.run(["bash", str(launcher), "--cpu", "--json", *overrides], env=env, cwd=REPO,
+                      capture_output=True, text=True, timeout=900)
+assert plan.returncode == 0, plan.stderr[-3000:]
+(out / "plan.json").write_text(plan.stdout)
+hl.launch("memory", launcher, overrides, out, model_dir, data_dir, timeout_s=1500,
+          hook_env={"RECIPES_MEMORY_RECORD": str(record)})
+print(json.dumps({"model": str(model_dir)}))
+"""
+
+
+@pytest.mark.full
+def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path):
+    """The single-card launcher's CPU profile (verl 0.7.1, FSDP2 on one rank, vLLM's CPU build in its server), two
+    steps with hooks/recipes_memory_record.py on: every optimizer step's actor weights, gradients and Adam states,
+    and the engine's weights and KV cache per token, equal the plan made from the same launch's dry-run JSON."""
+    import subprocess
+
+    from ascend_rl.paths import REPO, child_env
+
+    proc = subprocess.run(
+        [str(e2e_python), "-c", DRIVER, str(tmp_path)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    model = json.loads(proc.stdout.strip().splitlines()[-1])["model"]
+    settings = mp.settings_from_plan(json.loads((tmp_path / "plan.json").read_text()))
+    cfg, _ = mp.model_config(model)
+    planned = mp.measured_terms(mp.plan(settings, cfg, mp.DIES["A2"]))
+    records = [json.loads(line) for line in (tmp_path / "memory.jsonl").read_text().splitlines()]
+    assert not [r for r in records if "error" in r], records
+    updates = [r for r in records if r["phase"] == "actor update"]
+    engines = [r for r in records if r["phase"] == "generation"]
+    assert len(updates) >= 2 and engines, records  # two steps, one optimizer step each; an engine started
+    for r in updates:
+        measured = {k: r[k] for k in ("weights", "gradients", "optimizer_states")}
+        assert measured == {k: planned[k] for k in measured}, (r, planned)
+    for r in engines:
+        assert r["rollout_weights"] == planned["rollout_weights"], (r, planned)
+        assert r["kv_cache"] == r["num_blocks"] * r["block_size"] * planned["kv_cache_per_token"], (
+            r,
+            planned,
+        )
