@@ -10,11 +10,18 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
     v071    verl 0.7.1 (VERL_BASE=0.7.1): 3 GRPO steps through its server-mode rollout (the only one it has;
             weights to the vLLM server in shared-memory buckets on CPU), checkpoint at step 2
     v071-resume  verl 0.7.1: resume_mode=auto from a copy of the v071 run's step-2 checkpoint: does step 3
+    qwen-2r  verl 0.7.1 through the four-card launcher (`run_qwen2_5_1_5b.sh --cpu`) with NPUS=2: FSDP2 sharded
+            over 2 gloo ranks, one vLLM server per rank; 3 GRPO steps, checkpoint at the last one
     deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
             Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
             rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
     deepseek-v071  the same launcher on verl 0.7.1 (--base 0.7.1): its server-mode rollout, one vLLM server
             per process, the weights in shared-memory buckets; the same checks
+    deepseek-2n, deepseek-v071-2n  the same two runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
+            root): ray_start.sh --cpu on each node, the launcher with NNODES=2 on the head, one Megatron rank and
+            one vLLM engine per node (EP=2 across the nodes); the same checks, and where each rank ran (its node,
+            socket interface, torch.distributed master, vLLM DP settings: <out>/<run>/ranks.jsonl). Not in the
+            default --runs.
 
 Every run logs through verl's `file` logger to <out>/<run>/metrics.jsonl; <out>/summary.json gives per
 run the steps done, reward mean, the rollout gap (vLLM's probabilities of its own samples against the
@@ -25,7 +32,9 @@ run skips the old-log-prob pass, so its gaps come from the update's own forward 
 actor/*_diff_mean); its random-weight policy is near uniform over the vocabulary, so they are judged on
 log-probabilities.
 It also checks each rank's AlltoAllV bytes per sync against the plan's and the model's arithmetic
-(<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The check: at the last
+(<out>/deepseek/reshard.jsonl, ds-0006) and one actor forward pass per step. The qwen-2r run also checks
+that it trained on 2 ranks: each step's data-parallel size verl split the batch over, the FSDP world size and
+rank files of its checkpoint, and the vLLM servers whose lines its log carries. The check: at the last
 step the stale gap is at least --min-stale and the rollout gap at most a fifth of it. Exit status:
 0 pass, 1 a run failed or a check did not hold, 2 usage.
 """
@@ -34,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from ascend_rl.data.util import write_json_atomic
+from ascend_rl.harness import multinode
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import (
     DS_GAP_KEYS,
@@ -56,15 +67,25 @@ from ascend_rl.harness.launch import (
     launch,
     out_lock,
     read_jsonl,
+    tracked_step,
 )
 from ascend_rl.paths import REPO
 
-RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071")
+RUNS = ("sync", "async", "resume", "v071", "v071-resume", "qwen-2r", "deepseek", "deepseek-v071")
 DEEPSEEK = "deepseek"
 DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, one per verl base
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
+# The DeepSeek runs across simulated nodes (root, `ip netns`), and their node counts; opt-in (--runs).
+MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2}
+RUNS += tuple(MULTINODE_RUNS)
+DEEPSEEK_RUNS += tuple(MULTINODE_RUNS)
+RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1"})
+# The runs through the four-card Qwen launcher, and the ranks (NPUS) each runs on.
+RUN_RANKS = {"qwen-2r": 2}
+RUN_BASE["qwen-2r"] = "0.7.1"
+QWEN_RANKS_LAUNCHER = QWEN_LAUNCHER.with_name("run_qwen2_5_1_5b.sh")
 RESUMES = {"resume": "sync", "v071-resume": "v071"}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -79,8 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--runs",
-        default=",".join(RUNS),
-        help=f"comma-separated runs, in order (default: {','.join(RUNS)}; resume needs sync first)",
+        default=",".join(r for r in RUNS if r not in MULTINODE_RUNS),
+        help=f"comma-separated runs, in order, of {','.join(RUNS)} (default: all but "
+        f"{','.join(MULTINODE_RUNS)}, which need root; resume needs sync first)",
     )
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
     parser.add_argument(
@@ -169,8 +191,20 @@ def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
 
 
 def launcher_for(name: str) -> Path:
-    """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise."""
+    """The launcher a run goes through: the DeepSeek recipe's for the deepseek run, the Qwen2.5 one's otherwise
+    (its four-card launcher for a run on more than one rank)."""
+    if name in RUN_RANKS:
+        return QWEN_RANKS_LAUNCHER
     return DS_LAUNCHER if name in DEEPSEEK_RUNS else QWEN_LAUNCHER
+
+
+def run_env(name: str) -> dict[str, str]:
+    """What a run sets for its launcher: the rank count (NPUS) of a run on several ranks, and RAY_DEDUP_LOGS=0:
+    Ray otherwise prints lines that differ only in their numbers once, under one actor's name, and the summary
+    counts the vLLM servers by the actors named on the log's lines."""
+    if name not in RUN_RANKS:
+        return {}
+    return {"NPUS": str(RUN_RANKS[name]), "RAY_DEDUP_LOGS": "0"}
 
 
 def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
@@ -185,7 +219,7 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
             "actor_rollout_ref.actor.entropy_coeff=0.01",
             # each rank appends its AlltoAllV bytes and the plan's after every sync (ds-0006)
             f"+ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_RESHARD_REPORT={args.out / name / 'reshard.jsonl'}",
-        ]
+        ] + (multinode_overrides(name, args) if name in MULTINODE_RUNS else [])
     overrides = [
         f"trainer.total_training_steps={args.steps}",
         # Four prompts x four samples: enough groups with mixed rewards (non-zero GRPO advantages)
@@ -203,6 +237,9 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
         "trainer.save_freq=2" if name in RESUMES.values() else "trainer.save_freq=-1",
         "trainer.resume_mode=auto" if name in RESUMES else "trainer.resume_mode=disable",
     ]
+    if name in RUN_RANKS:
+        # a checkpoint at the last step: each FSDP rank writes its own shard, named by the world size
+        overrides.append(f"trainer.save_freq={args.steps}")
     if name in ("async", "v071"):
         # A list and a dict engine setting, so the run goes through vLLM's CLI parser the way
         # patch shared-0005 fixed (both are no-ops here: eager mode, the checkpoint's own value).
@@ -210,6 +247,20 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
             "actor_rollout_ref.rollout.cudagraph_capture_sizes=[1,2,4]",
             "+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={max_position_embeddings:1024}",
         ]
+    return overrides
+
+
+def multinode_overrides(name: str, args: argparse.Namespace) -> list[str]:
+    """The test hooks' settings for the Ray workers of a multi-node run: they are the raylets' children, which
+    ray_start.sh started on each node, so they inherit nothing from the launcher but the job's runtime_env."""
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    overrides = [
+        f"{env}.{multinode.EVIDENCE_ENV}={args.out / name / multinode.EVIDENCE_FILE}",
+        # verl's file logger writes from the TaskRunner, a Ray actor too (launch.py's VERL_FILE_LOGGER_PATH)
+        f"{env}.VERL_FILE_LOGGER_PATH={args.out / name / 'metrics.jsonl'}",
+    ]
+    if args.disable_weight_sync:
+        overrides.append(f"{env}.RECIPES_E2E_DISABLE_WEIGHT_SYNC='1'")
     return overrides
 
 
@@ -234,7 +285,22 @@ def seed_resume(out: Path, run_dir: Path) -> None:
 
 
 def run(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) -> RunResult:
-    """One of the e2e runs through its launcher (the resume run seeded with the sync run's checkpoint)."""
+    """One of the e2e runs through its launcher (the resume run seeded with the sync run's checkpoint; a
+    multi-node run on node1 of a simulated cluster whose Ray ray_start.sh started)."""
+    if name in MULTINODE_RUNS:
+        return multinode.launch_on_cluster(
+            name,
+            launcher_for(name),
+            run_overrides(name, args),
+            args.out,
+            model_dir,
+            data_dir,
+            nodes=MULTINODE_RUNS[name],
+            timeout_s=args.timeout,
+            base=RUN_BASE[name],
+            repo=REPO,
+            disable_weight_sync=args.disable_weight_sync,
+        )
     return launch(
         name,
         launcher_for(name),
@@ -246,6 +312,7 @@ def run(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) ->
         disable_weight_sync=args.disable_weight_sync,
         seed=(lambda run_dir: seed_resume(args.out, run_dir)) if name in RESUMES else None,
         base=RUN_BASE[name],
+        extra_env=run_env(name),
     )
 
 
@@ -270,6 +337,10 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         }
         if r.name in DEEPSEEK_RUNS:
             runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
+        if r.name in MULTINODE_RUNS:
+            runs[r.name].update(node_figures(args.out / r.name, MULTINODE_RUNS[r.name]))
+        if r.name in RUN_RANKS:
+            runs[r.name].update(rank_figures(r.rows, args.out / r.name))
     return {
         "weight_sync_disabled": args.disable_weight_sync,
         "lr": args.lr,
@@ -363,6 +434,96 @@ def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
     return results
 
 
+# FSDP's checkpoint files, one per rank and kind (fsdp_checkpoint_manager.py); a Ray actor's lines in the log.
+SHARD_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
+SERVER_LINE = re.compile(r"\(vLLMHttpServer pid=(\d+)[,)]")
+
+
+def rank_figures(rows: list[dict], run_dir: Path) -> dict:
+    """How many ranks a run trained on, from what verl wrote. Per step, the data-parallel size verl balanced the
+    batch over (ray_trainer._balance_batch: global_seqlen/mean is the batch's tokens per rank, perf/total_num_tokens
+    all of them); the FSDP world size of the newest checkpoint (fsdp_config.json) and the ranks whose model shard
+    it holds; the vLLM servers, as the distinct vLLMHttpServer actors Ray names on the log's lines (verl writes
+    nothing per server)."""
+    dp = []
+    for row in rows:
+        tokens, per_rank = row.get("perf/total_num_tokens"), row.get("global_seqlen/mean")
+        dp.append(round(tokens / per_rank) if tokens and per_rank else None)
+    ckpt_root = run_dir / "ckpt" / f"e2e_{run_dir.name}"
+    step = tracked_step(ckpt_root)
+    actor = ckpt_root / f"global_step_{step}" / "actor"
+    config = actor / "fsdp_config.json"
+    world = json.loads(config.read_text(encoding="utf-8")).get("world_size") if config.is_file() else None
+    shards = sorted(
+        (int(m[1]), int(m[2])) for m in map(SHARD_FILE.fullmatch, (f.name for f in actor.glob("*.pt"))) if m
+    )
+    log = run_dir / "launcher.log"
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    return {
+        "dp_ranks": dp,
+        "checkpoint": {
+            "step": step,
+            "world_size": world,
+            "shard_ranks": [rank for _, rank in shards],
+            "shard_world_sizes": sorted({size for size, _ in shards}),
+        },
+        "rollout_servers": len(set(SERVER_LINE.findall(text))),
+    }
+
+
+def check_ranks(name: str, run: dict, ranks: int) -> list[dict]:
+    """The run trained on `ranks` FSDP ranks (every step and the checkpoint say so) with one vLLM server each."""
+    dp, ckpt, servers = run["dp_ranks"], run["checkpoint"], run["rollout_servers"]
+    fsdp_ok = (
+        bool(dp)
+        and all(d == ranks for d in dp)
+        and ckpt["world_size"] == ranks
+        and ckpt["shard_world_sizes"] == [ranks]
+        and ckpt["shard_ranks"] == list(range(ranks))
+    )
+    return [
+        {
+            "run": name,
+            "check": "fsdp ranks",
+            "ok": fsdp_ok,
+            "detail": f"data-parallel ranks per step {dp}; step-{ckpt['step']} checkpoint: FSDP world size "
+            f"{ckpt['world_size']}, model shards of ranks {ckpt['shard_ranks']} (want {ranks})",
+        },
+        {
+            "run": name,
+            "check": "vllm servers",
+            "ok": servers == ranks,
+            "detail": f"{servers} vLLM server actors in the log (want {ranks}: one per rank)",
+        },
+    ]
+
+
+def node_figures(run_dir: Path, nodes: int) -> dict:
+    """A multi-node run's own fields: its node count, the cluster (addresses, Ray start-up, memory per node at the
+    peak: cluster.json) and, per trainer rank, vLLM engine and server, where it ran (the rank_evidence hook)."""
+    path = run_dir / multinode.CLUSTER_FILE
+    cluster = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return {
+        "nodes": nodes,
+        "cluster": cluster,
+        "evidence": multinode.summarise_evidence(multinode.read_evidence(run_dir)),
+    }
+
+
+def check_nodes(name: str, run: dict) -> dict:
+    """Each rank on its own node, on the nodes' own interface, never on loopback (multinode.check_evidence)."""
+    addresses = list((run.get("cluster") or {}).get("addresses", {}).values())
+    problems = multinode.check_evidence(run["evidence"], run["nodes"], addresses)
+    ranks = run["evidence"]["ranks"]
+    where = ", ".join(f"rank {r['rank']} {r['hostname']} {r['node']}" for r in ranks)
+    return {
+        "run": name,
+        "check": "nodes",
+        "ok": not problems,
+        "detail": "; ".join(problems) if problems else f"{where}; master {ranks[0]['master_addr']}",
+    }
+
+
 def check(runs: dict, args: argparse.Namespace) -> list[dict]:
     """The pass/fail lines: steps done, resume point, and the weight-sync proof at each run's last step."""
     results = []
@@ -381,6 +542,10 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             results.append({"run": name, "check": "resumed", "ok": got == 2, "detail": detail})
         if name in DEEPSEEK_RUNS:
             results += check_deepseek(name, run, args.steps)
+        if name in MULTINODE_RUNS:
+            results.append(check_nodes(name, run))
+        if name in RUN_RANKS:
+            results += check_ranks(name, run, RUN_RANKS[name])
         gap = run["gap"]
         stale, rollout = run[f"stale_{gap}_diff_mean"][-1], run[f"rollout_{gap}_diff_mean"][-1]
         if stale is None or rollout is None:
@@ -412,8 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     if args.dry_run:
         for name in args.runs:
+            env = "".join(f"{key}={value} " for key, value in run_env(name).items())
+            if name in MULTINODE_RUNS:  # on node1, after ray_start.sh --cpu on every node
+                env = f"[node1 of {MULTINODE_RUNS[name]} simulated nodes] NNODES={MULTINODE_RUNS[name]} {env}"
             print(
-                f"{name}: VERL_BASE={RUN_BASE[name]} bash {launcher_for(name).relative_to(REPO)} --cpu "
+                f"{name}: VERL_BASE={RUN_BASE[name]} {env}bash {launcher_for(name).relative_to(REPO)} --cpu "
                 f"{' '.join(run_overrides(name, args))}"
             )
         return EXIT_OK

@@ -16,8 +16,10 @@ DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu --made-by "make e2e E2E_ARGS='--runs deepseek'")
 # random-initialised weights (no Megatron checkpoint of the tiny model to load), as --variant random
 VARIANT=random
-NNODES=1
-NPUS_PER_NODE=2
+# one machine by default; NNODES=N runs the ranks across N nodes whose Ray ray_start.sh --cpu started
+# (the simulated cluster of docs/cluster.md): one rank per node unless NPUS_PER_NODE says otherwise
+NNODES="${NNODES:-1}"
+if [ "$NNODES" = 1 ]; then NPUS_PER_NODE="${NPUS_PER_NODE:-2}"; else NPUS_PER_NODE="${NPUS_PER_NODE:-1}"; fi
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 # vLLM's CPU platform refuses MLA: it runs DeepSeek's attention unabsorbed
@@ -32,13 +34,8 @@ LAUNCH_ENV+=(VLLM_CPU_KVCACHE_SPACE VLLM_MLA_DISABLE VLLM_CPU_OMP_THREADS_BIND R
 ENV_VARS=+ray_kwargs.ray_init.runtime_env.env_vars
 CPU_OVERRIDES=(
   trainer.device=cpu
-  # Ray: verl's bundles ask for GPUs and a lowercase "cpu" resource with trainer.device=cpu
-  +ray_kwargs.ray_init.num_cpus=8
-  +ray_kwargs.ray_init.num_gpus=2
-  '+ray_kwargs.ray_init.resources={cpu:2}'
-  +ray_kwargs.ray_init.include_dashboard=False
-  trainer.nnodes=1
-  trainer.n_gpus_per_node=2
+  trainer.nnodes="$NNODES"
+  trainer.n_gpus_per_node="$NPUS_PER_NODE"
   # the Ray workers import megatron-core from its cache folder and read the CPU settings above
   "$ENV_VARS.PYTHONPATH=$RECIPES_CPU_PYTHONPATH"
   "$ENV_VARS.VLLM_MLA_DISABLE='1'"
@@ -86,6 +83,17 @@ CPU_OVERRIDES=(
   'trainer.logger=[console,file]'
   trainer.resume_mode=disable
 )
+if [ "$NNODES" = 1 ]; then
+  # main_ppo starts its own Ray: verl's bundles ask for GPUs and a lowercase "cpu" resource with trainer.device=cpu.
+  # On several nodes it attaches to the cluster ray_start.sh --cpu made (each node offers `cpu` per rank), and Ray
+  # refuses these there ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+  CPU_OVERRIDES+=(
+    +ray_kwargs.ray_init.num_cpus=8
+    +ray_kwargs.ray_init.num_gpus="$NPUS_PER_NODE"
+    "+ray_kwargs.ray_init.resources={cpu:$NPUS_PER_NODE}"
+    +ray_kwargs.ray_init.include_dashboard=False
+  )
+fi
 
 # What verl 0.7.1 (--base 0.7.1: its server-mode rollout, one vLLM server per process here) needs on top on CPU
 # (sleep mode, which vLLM's CPU platform lacks, is already off: the launcher's explicit offload): one agent-loop

@@ -13,9 +13,10 @@
 # (data/deepscaler), VERL_DIR (verl-<base>/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
 # against verl's ppo_megatron_trainer and prints the node-by-node commands. --cpu (or PROFILE=cpu): the same
-# launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes). --json: the dry
-# run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl tree and base,
-# environment), the report and the node-by-node commands on stderr; it implies --dry-run.
+# launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes); with NNODES=N (N > 1)
+# the same ranks across N CPU nodes on which `ray_start.sh --cpu` has run (README: "Try the multi-node launch on
+# one machine"). --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides,
+# verl tree and base, environment), the report and the node-by-node commands on stderr; it implies --dry-run.
 # A rerun of the same RUN_NAME resumes from its newest complete checkpoint (trainer.resume_mode=auto;
 # patch shared-0012 makes a save killed half-way harmless). A run that fails ends with one line naming
 # what died (a trainer rank, the vLLM server, a reward worker), in which step and phase (run_failure.py).
@@ -217,14 +218,29 @@ if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   NODES_FD=1
   [ "${#JSON[@]}" -eq 0 ] || NODES_FD=2  # stdout holds the JSON plan alone
   PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT")
-  [ "$PROFILE" != cpu ] || { PLAN=(--local); JOB=(--cpu); }  # one machine: main_ppo starts its own Ray
+  if [ "$PROFILE" = cpu ] && [ "$NNODES" = 1 ]; then
+    PLAN=(--local); JOB=(--cpu)  # one machine: main_ppo starts its own Ray
+  elif [ "$PROFILE" = cpu ]; then
+    # CPU nodes: ray_start.sh --cpu on each, then this launcher with the node count on the head
+    PLAN+=(--ray-start "llm_rl/deepseek_r1/ray_start.sh --cpu"); JOB=(--cpu)
+  fi
   {
     [ "$PROFILE" = cpu ] || echo "node-by-node:"
-    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
+    JOB_ENV=()
+    [ "$PROFILE" != cpu ] || [ "$NNODES" = 1 ] || JOB_ENV=(env "NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
+    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" -- "${JOB_ENV[@]}" bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
   } >&"$NODES_FD"
   exit 0
 fi
-[ "$PROFILE" = cpu ] || "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+# The NPU cluster, or CPU nodes (NNODES > 1): every node's ray_start.sh has run; wait until all joined. One CPU
+# machine (NNODES=1): main_ppo starts its own Ray. CPU nodes must each offer the lowercase `cpu` resource per
+# rank (ray_start.sh --cpu does): verl's placement bundles ask for it and would otherwise wait forever.
+if [ "$PROFILE" != cpu ]; then
+  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
+elif [ "$NNODES" != 1 ]; then
+  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
+    --resource "cpu=$NPUS_PER_NODE"
+fi
 
 export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"

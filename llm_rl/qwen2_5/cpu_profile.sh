@@ -12,6 +12,11 @@ VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu --made-by 'make e2e')
+# Ranks: NPUS trainer processes (the launcher checked it: npus_count), one FSDP2 shard each on gloo, each feeding a
+# vLLM engine of its own (rollout TP 1: verl starts world / TP server replicas). 1 on run_qwen2_5_1_5b_single.sh,
+# NPUS (default 4) on run_qwen2_5_1_5b.sh; every size below that depends on it is the one-rank value at NPUS=1.
+# shellcheck disable=SC2154  # npus_count: the launcher's, set before it sources this file
+RANKS=$npus_count
 
 # vLLM's CPU build reserves ~12 GiB of KV cache by default; the tiny model needs far less.
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
@@ -26,23 +31,27 @@ LAUNCH_ENV+=(VLLM_CPU_KVCACHE_SPACE RAY_USE_UVLOOP TOKENIZERS_PARALLELISM)
 CPU_OVERRIDES=(
   trainer.device=cpu
   # Ray: verl's placement bundles ask for a GPU count and a lowercase "cpu" resource when
-  # trainer.device=cpu; the vLLM server actor (async mode) needs a CPU slot of its own.
-  +ray_kwargs.ray_init.num_cpus=8
-  +ray_kwargs.ray_init.num_gpus=1
-  '+ray_kwargs.ray_init.resources={cpu:1}'
+  # trainer.device=cpu, one of each per rank; the vLLM server actors (async mode, one per rank) need a CPU slot
+  # of their own. Each rank's bundle holds 3 CPUs (verl colocates up to 3 worker groups): 8 for one rank (its
+  # bundle, the driver, its server and the loop workers, with room), 4 more for each further rank (its bundle
+  # and its server). Over-reported on purpose: Ray only counts them.
+  "+ray_kwargs.ray_init.num_cpus=$((4 * RANKS + 4))"
+  "+ray_kwargs.ray_init.num_gpus=$RANKS"
+  "+ray_kwargs.ray_init.resources={cpu:$RANKS}"
   +ray_kwargs.ray_init.include_dashboard=False
-  trainer.n_gpus_per_node=1
+  "trainer.n_gpus_per_node=$RANKS"
   # FSDP1 refuses CPU parameters with sync_module_states; FSDP2 runs on gloo.
   actor_rollout_ref.actor.strategy=fsdp2
   actor_rollout_ref.ref.strategy=fsdp2
   # flash-attn's varlen path (remove padding) does not exist on CPU.
   actor_rollout_ref.model.use_remove_padding=False
-  # The sizes that shrink: batch 2 prompts x 4 samples, 64-token answers.
-  data.train_batch_size=2
+  # The sizes that shrink: batch 2 prompts x 4 samples per rank (one mini-batch: each rank's share, 8 samples,
+  # is one micro-batch), 64-token answers.
+  "data.train_batch_size=$((2 * RANKS))"
   data.max_prompt_length=192
   data.max_response_length=64
   actor_rollout_ref.rollout.n=4
-  actor_rollout_ref.actor.ppo_mini_batch_size=2
+  "actor_rollout_ref.actor.ppo_mini_batch_size=$((2 * RANKS))"
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
@@ -62,6 +71,15 @@ CPU_OVERRIDES=(
   trainer.save_freq=-1
   'trainer.logger=[console,file]'
 )
+
+# More than one rank: one vLLM engine per rank (TP 1, as the recipe has it), each in its own process. vLLM's CPU
+# worker would bind every engine's threads to the cores of the first NUMA node (each engine's worker is rank 0 of
+# its own), one thread per core: unbound, they take OMP_NUM_THREADS (1) each.
+if [ "$RANKS" -gt 1 ]; then
+  export VLLM_CPU_OMP_THREADS_BIND=nobind
+  LAUNCH_ENV+=(VLLM_CPU_OMP_THREADS_BIND)
+  CPU_OVERRIDES+=(actor_rollout_ref.rollout.tensor_model_parallel_size=1)
+fi
 
 # What verl 0.7.1 (VERL_BASE=0.7.1: its server-mode rollout) needs on top on CPU. vLLM's CPU platform has no
 # sleep mode, and 0.7.1's rollout config has no enable_sleep_mode key to turn it off (hence the +); the model's

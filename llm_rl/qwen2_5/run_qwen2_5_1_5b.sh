@@ -11,7 +11,8 @@
 # all relative to this folder. NPUS (default 4) sets the card count; run_qwen2_5_1_5b_single.sh
 # is this script with NPUS=1. Extra arguments are Hydra overrides and win over the list below.
 # --cpu (or PROFILE=cpu) runs the same launch on a machine with no NPU: cpu_profile.sh says what
-# it changes (tiny model from e2e_out/, small batches, the verl-<base>-cpu tree, vLLM's CPU build).
+# it changes (tiny model from e2e_out/, small batches, the verl-<base>-cpu tree, vLLM's CPU build); NPUS there
+# is the number of trainer processes (FSDP2 ranks on gloo), each with a vLLM engine of its own.
 # --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides, verl
 # tree and base, environment), the report on stderr; it implies --dry-run.
 # A rerun of the same RUN_NAME resumes from its newest complete checkpoint (trainer.resume_mode=auto;
@@ -52,6 +53,10 @@ case "$VERL_BASE" in
   0.7.1) BASE_OVERRIDES=(actor_rollout_ref.rollout.mode=async) ;;
   *) BASE_OVERRIDES=() ;;
 esac
+# A card count: digits, not zero however written (00 too); run_qwen2_5_1_5b_single.sh refuses the same way.
+# Checked before the profiles: the CPU profile sizes its trainer ranks by it.
+case "$NPUS" in ''|*[!0-9]*) npus_count=0 ;; *) npus_count=$((10#$NPUS)) ;; esac
+[ "$npus_count" -gt 0 ] || { echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
   cpu)
@@ -64,9 +69,6 @@ if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
   # shellcheck disable=SC1091
   set +u; source /usr/local/Ascend/ascend-toolkit/set_env.sh; set -u
 fi
-# A card count: digits, not zero however written (00 too); run_qwen2_5_1_5b_single.sh refuses the same way.
-case "$NPUS" in ''|*[!0-9]*) npus_count=0 ;; *) npus_count=$((10#$NPUS)) ;; esac
-[ "$npus_count" -gt 0 ] || { echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1

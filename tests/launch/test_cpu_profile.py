@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ascend_rl import overlay
-from launcher_env import dry_run_plan, exported_names
+from launcher_env import dry_run_plan, exported_names, launcher_env, run_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "llm_rl" / "qwen2_5"
@@ -42,9 +42,10 @@ def test_cpu_profile_keeps_the_recipe_overrides_and_appends_its_own(tmp_path, ve
     assert "  cpu " in report and "  npu " not in report
     # The plan names what the profile exports, with the values the trainer gets.
     only_071 = {"RAY_num_workers_soft_limit"}  # exported for VERL_BASE=0.7.1 only (test_launch_bases.py)
-    assert exported_names(QWEN / "run_qwen2_5_1_5b.sh", QWEN / "cpu_profile.sh") - only_071 <= set(
-        plan["env"]
-    )
+    only_ranks = {"VLLM_CPU_OMP_THREADS_BIND"}  # exported with NPUS > 1 only (below)
+    assert exported_names(
+        QWEN / "run_qwen2_5_1_5b.sh", QWEN / "cpu_profile.sh"
+    ) - only_071 - only_ranks <= set(plan["env"])
     assert plan["env"]["RAY_USE_UVLOOP"] == "0" and plan["env"]["OMP_NUM_THREADS"] == "1"
     assert plan["verl"]["overlay"] == "cpu"
     # ... and checked the recipe's series plus the CPU overlay, which a real launch applies (a dry run writes nothing).
@@ -84,3 +85,40 @@ def test_lora_with_the_vllm_rollout_is_refused(tmp_path, verl_tree):
     assert proc.returncode == 1
     assert "lora_rank=8 with the vLLM 0.13 rollout is not supported" in proc.stderr
     assert "command:" not in proc.stdout
+
+
+def _ranks_plan(tmp_path: Path, tree: Path, script: Path, **env: str) -> tuple[dict, str]:
+    proc = run_launcher(
+        script, ["--cpu", "--dry-run", "--json"], launcher_env(tmp_path, tree, VERL_BASE="0.7.1", **env)
+    )
+    return dry_run_plan(proc), proc.stderr
+
+
+def test_npus_sizes_the_cpu_profile_ranks_and_one_stays_the_single_card_run(tmp_path, base_tree):
+    """NPUS=2 on the four-card launcher's CPU profile (make e2e's qwen-2r, verl 0.7.1): two FSDP ranks, Ray's GPU
+    count and lowercase cpu resource for two bundles, CPU slots for two vLLM servers, a batch each rank's share of
+    which is one micro-batch, TP 1 so each rank gets its own engine, unbound engine threads. The single-card
+    launcher composes the one-rank values it always had."""
+    tree = base_tree("0.7.1")
+    plan, report = _ranks_plan(tmp_path, tree, QWEN / "run_qwen2_5_1_5b.sh", NPUS="2")
+    final = plan["overrides"]
+    assert final["trainer.n_gpus_per_node"] == "2" and final["trainer.nnodes"] == "1"
+    assert final["ray_kwargs.ray_init.num_gpus"] == "2"
+    assert final["ray_kwargs.ray_init.resources"] == "{cpu:2}"
+    assert final["ray_kwargs.ray_init.num_cpus"] == "12"
+    assert final["data.train_batch_size"] == final["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    samples_per_rank = 4 * int(final["actor_rollout_ref.rollout.n"]) // 2
+    assert samples_per_rank % int(final["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]) == 0
+    assert final["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"
+    assert final["actor_rollout_ref.rollout.mode"] == "async"
+    assert plan["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert "2 devices, rollout 2 vLLM engines of TP1" in report
+
+    one, report = _ranks_plan(tmp_path, tree, SINGLE)
+    final = one["overrides"]
+    assert final["trainer.n_gpus_per_node"] == final["ray_kwargs.ray_init.num_gpus"] == "1"
+    assert final["ray_kwargs.ray_init.resources"] == "{cpu:1}"
+    assert final["ray_kwargs.ray_init.num_cpus"] == "8"
+    assert final["data.train_batch_size"] == final["actor_rollout_ref.actor.ppo_mini_batch_size"] == "2"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in one["env"]
+    assert "1 device, rollout 1 vLLM engine of TP1" in report
