@@ -6,9 +6,9 @@ PY := .venv/bin/python
 help:
 	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU: a tiny model learns, held-out before/after"
 	@echo "make demo-inprocess  the older in-process GRPO loop (.venv only, no vLLM; --compare shows the old-log-prob skip)"
-	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe (~30 min fresh)"
+	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe, the 2-node join (budget 30 min fresh)"
 	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
-	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume, DeepSeek (Megatron) on both bases"
+	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume and 2 ranks, DeepSeek (Megatron) on both bases (+ --runs deepseek-2n: 2 simulated nodes)"
 	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; ~7 GB, once per machine)"
 	@echo "make dry-run  fetch + patch verl, check the single-card launcher's overrides, print the command"
 	@echo "make setup    create .venv with the CPU tool/test environment"
