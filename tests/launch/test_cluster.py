@@ -249,6 +249,10 @@ def _holder(tmp_path: Path, tag: str) -> tuple[subprocess.Popen, Path, Path]:
          "--", "sh", "-c",
          f'echo "$$ $ASCEND_RL_CLUSTER" > {marker}.tmp && mv {marker}.tmp {marker} && exec sleep 60'],
         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # SIGINT as a terminal's Ctrl-C delivers it: a process that starts with SIGINT ignored keeps it ignored
+        # (Python installs no KeyboardInterrupt then), and a pytest worker may have it ignored; a fresh CI run's
+        # holder slept its 60 s through the test's SIGINT and exited 0
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     return proc, marker, lib.state_file(_name(tag))
 

@@ -254,7 +254,10 @@ def test_ray_start_on_two_nodes_then_gloo_across_them(tmp_path, e2e_python):
         ]
         assert links and all(lip == me and rip in (me, other) for lip, rip in links), r
         assert (me, other) in links, r  # a connection across the two nodes
-        assert "127.0.0.1" not in json.dumps(r["conns"]), r
+        # none of the group's sockets on loopback (Ray's own worker may open a loopback socket in the same window:
+        # a fresh CI run saw one, 127.0.0.1:43880 <-> 127.0.0.1:59360, on neither gloo port)
+        group = [c for c in r["conns"] if {c[1], c[3]} & gloo_ports]
+        assert group and "127.0.0.1" not in json.dumps(group), r
 
     # teardown: no namespace, link, mount or process of the cluster is left
     assert leftovers(rec) == []
