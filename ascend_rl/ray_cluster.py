@@ -5,6 +5,8 @@
     ray_cluster.py wait --nodes N [--timeout S] [--resource NAME=COUNT]...
                                                                   until N nodes are alive (each offering COUNT)
     ray_cluster.py watch --pending-timeout S [--end-driver]       end a run whose placement group never places
+                         [--lost-node]                            ... or that lost a node while it ran
+    ray_cluster.py shared DIR                                     refuse unless every node sees DIR as the head does
     ray_cluster.py plan --nodes N --head-ip IP -- CMD...          the node-by-node commands
 
 The socket interface (`--ifname`, else $SOCKET_IFNAME, else the default route's) is
@@ -19,7 +21,10 @@ The start-up faults end in one line each: an interface the node lacks (named, wi
 has), fewer nodes than asked by the timeout (how many of how many), a node without a resource the job's
 placement bundles ask for (`wait --resource`: the resource, and what every node offers), a placement group
 that stays pending (`watch`: its bundles, why no node holds them, what every node offers; it can end the
-job's driver, which verl's `ray.get(pg.ready())` would otherwise keep waiting forever).
+job's driver, which verl's `ray.get(pg.ready())` would otherwise keep waiting forever). So do the faults of a
+run across nodes: a node lost while the run goes (`watch --lost-node`: its address and why Ray marked it dead; the
+driver is ended, since the ranks left on the other nodes may wait in a collective for one that will never come),
+and a checkpoint folder not every node sees (`shared`: the nodes that do not see a marker file the head wrote).
 """
 
 from __future__ import annotations
@@ -344,25 +349,10 @@ def watch_groups(
 ) -> tuple[dict, str] | None:
     """Poll placement_group_table() until a group has been PENDING (or RESCHEDULING) for `pending_timeout`
     seconds since this watch first saw it so: then (the group, a one-line reason naming its bundles, why no
-    node holds them and what every node offers). None once keep_going() is false."""
-    since: dict[str, float] = {}
-    while keep_going():
-        now = clock()
-        groups = read_groups()
-        waiting = {
-            gid: group for gid, group in groups.items() if group.get("state") in ("PENDING", "RESCHEDULING")
-        }
-        since = {gid: since.get(gid, now) for gid in waiting}
-        for gid, group in waiting.items():
-            if now - since[gid] >= pending_timeout:
-                nodes = [node for node in read_nodes() if node.get("Alive")]
-                line = (
-                    f"{describe_group(group)} pending for {pending_timeout:g}s: {why_unplaced(group, nodes)}; "
-                    f"the nodes offer: {'; '.join(node_offers(n) for n in nodes) or 'no alive node'}"
-                )
-                return group, line
-        sleep(interval)
-    return None
+    node holds them and what every node offers). None once keep_going() is false. (watch_run without the
+    nodes' loss.)"""
+    found = watch_run(read_groups, read_nodes, pending_timeout, interval, keep_going, sleep, clock)
+    return None if found is None else (found[1], found[2])
 
 
 def process_running(pid: int) -> bool:
@@ -395,3 +385,168 @@ def end_driver(job_hex: str, jobs: list[dict], here: str, grace: float = 10.0) -
         os.kill(pid, signal.SIGKILL)
         return f"ended its driver (pid {pid}, SIGKILL after {grace:g}s)"
     return f"ended its driver (pid {pid}, SIGTERM)"
+
+
+# --- a node lost while a run goes on (`watch --lost-node`) -------------------------------------------------
+
+
+def node_name(node: dict) -> str:
+    """A ray.nodes() entry for a message: '198.18.0.2 (node2)' (its address and, when Ray knows it and it
+    differs, its host name)."""
+    ip = node.get("NodeManagerAddress", "?")
+    host = node.get("NodeManagerHostname")
+    return f"{ip} ({host})" if host and host != ip else str(ip)
+
+
+def lost_node_line(node: dict, alive: list[dict]) -> str:
+    """The one line on a node that left the cluster: its address, why Ray marked it dead (when Ray says), and
+    what the nodes still alive offer."""
+    why = node.get("DeathReasonMessage") or ""
+    why = f": Ray marked it dead ({why})" if why else ": Ray marked it dead"
+    return (
+        f"node {node_name(node)} left the Ray cluster while the run was going{why}; the nodes alive: "
+        f"{'; '.join(node_offers(n) for n in alive) or 'none'}; bring it back (ray_start.sh --worker) and "
+        "rerun: the run resumes from its last complete checkpoint"
+    )
+
+
+def silent_node_line(node: dict, seconds: float, answering: list[dict]) -> str:
+    """The one line on a node Ray still counts alive whose raylet has not answered for `seconds`."""
+    port = node.get("NodeManagerPort", "?")
+    return (
+        f"node {node_name(node)} stopped answering while the run was going: its raylet "
+        f"({node.get('NodeManagerAddress', '?')}:{port}) took no connection for {seconds:g}s (Ray has not marked it "
+        f"dead yet); the nodes answering: {'; '.join(node_offers(n) for n in answering) or 'none'}; bring it back "
+        "(ray_start.sh --worker) and rerun: the run resumes from its last complete checkpoint"
+    )
+
+
+def raylet_answers(node: dict, timeout: float = 2.0) -> bool:
+    """A TCP connection to the node's raylet port opens within `timeout` (the kernel accepts it however busy the
+    raylet is: only a node that is down or cut off fails)."""
+    try:
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout):
+            return True
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def watch_run(
+    read_groups: Callable[[], dict[str, dict]],
+    read_nodes: Callable[[], list[dict]],
+    pending_timeout: float,
+    interval: float = 2.0,
+    keep_going: Callable[[], bool] = lambda: True,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    lost_nodes: bool = False,
+    reachable: Callable[[dict], bool] | None = None,
+    unreachable_timeout: float = 20.0,
+) -> tuple[str, dict, str] | None:
+    """Poll the placement groups and (with `lost_nodes`) the nodes until either a group has been PENDING (or
+    RESCHEDULING) for `pending_timeout` seconds since this watch first saw it so, or a node this watch saw
+    alive is alive no more (Ray marks a node dead once its health checks fail: 15 s by default). Returns
+    ("pending", the group, its line) or ("lost", the node, its line); None once keep_going() is false.
+    read_nodes gives ray.nodes(): dead nodes included (their death reason names the cause), alive ones used.
+    With `reachable` (a probe of a node's raylet port), a node Ray still counts alive but that has not answered
+    for `unreachable_timeout` seconds is lost too: a node whose link went silent (a power-off, a cut cable)
+    answers nothing, and Ray's health check then waits out its timeout five times (about a minute) before it
+    marks the node dead, while the ranks left wait in their collectives."""
+    since: dict[str, float] = {}
+    seen: dict[str, dict] = {}  # the nodes seen alive, by id
+    silent: dict[str, float] = {}  # the nodes not answering the probe, since when
+    while keep_going():
+        now = clock()
+        if lost_nodes:
+            nodes = read_nodes()
+            alive = [node for node in nodes if node.get("Alive")]
+            alive_ids = {node.get("NodeID") for node in alive}
+            for node_id, node in seen.items():
+                if node_id not in alive_ids:
+                    dead = next((n for n in nodes if n.get("NodeID") == node_id), node)
+                    return "lost", dead, lost_node_line(dead, alive)
+            seen.update({node.get("NodeID"): node for node in alive})
+            if reachable is not None:
+                silent = {
+                    node["NodeID"]: silent.get(node["NodeID"], now) for node in alive if not reachable(node)
+                }
+                for node in alive:
+                    if now - silent.get(node["NodeID"], now) >= unreachable_timeout:
+                        others = [n for n in alive if n["NodeID"] not in silent]
+                        return "lost", node, silent_node_line(node, unreachable_timeout, others)
+        groups = read_groups()
+        waiting = {
+            gid: group for gid, group in groups.items() if group.get("state") in ("PENDING", "RESCHEDULING")
+        }
+        since = {gid: since.get(gid, now) for gid in waiting}
+        for gid, group in waiting.items():
+            if now - since[gid] >= pending_timeout:
+                nodes = [node for node in read_nodes() if node.get("Alive")]
+                line = (
+                    f"{describe_group(group)} pending for {pending_timeout:g}s: {why_unplaced(group, nodes)}; "
+                    f"the nodes offer: {'; '.join(node_offers(n) for n in nodes) or 'no alive node'}"
+                )
+                return "pending", group, line
+        sleep(interval)
+    return None
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Process `pid` is `ancestor` or one of its descendants (this PID namespace's /proc)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
+def run_drivers(jobs: list[dict], here: str, own_job: str, under: int | None) -> list[str]:
+    """The hex ids of the live jobs (ray._private.state.jobs()) whose driver runs on this node (`here`), not
+    this process's own job, and (with `under`) whose driver descends from process `under` (the launcher)."""
+    found = []
+    for job in jobs:
+        job_hex = str(job.get("JobID", "")).lower()
+        pid = int(job.get("DriverPid") or 0)
+        if job.get("IsDead") or job_hex == own_job.lower() or job.get("DriverIPAddress") != here or not pid:
+            continue
+        if under is not None and not descends_from(pid, under):
+            continue
+        found.append(job_hex)
+    return found
+
+
+# --- a folder every node must see (`shared`) ----------------------------------------------------------------
+
+
+def shared_folder_line(what: str, path: str, answers: dict[str, str]) -> str | None:
+    """None when every node saw the marker file (answers: node -> '' when it saw it, else what it found), else
+    one line naming the nodes that did not."""
+    missing = {node: why for node, why in answers.items() if why}
+    if not missing:
+        return None
+    which = "; ".join(f"{node}: {why}" for node, why in missing.items())
+    return (
+        f"{what} {path} is not one folder every node sees: {len(missing)} of {len(answers)} nodes do not see "
+        f"the marker file the head wrote there ({which}); put it on a folder every node mounts at the same "
+        "path (a shared filesystem): on a node-local disk each rank saves its shards where the others cannot "
+        "read them, and a rerun cannot resume"
+    )
+
+
+def look_for_marker(path: str, token: str) -> tuple[str, str]:
+    """(this node's host name, '' when `path` holds `token`, else what is there): run on each node as a Ray
+    task (each node's workers import this module: ray_start.sh puts the repository on the raylet's PYTHONPATH)."""
+    import socket as _socket
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        return _socket.gethostname(), f"no marker ({exc.strerror})"
+    return _socket.gethostname(), "" if text == token else "another file at the marker's path"

@@ -2,10 +2,13 @@
 
     python3 -m ascend_rl run_failure LOG
 
-LOG is the launcher's log of a main_ppo run (the launchers call this when main_ppo exits non-zero). It reads
-Ray's report of a dead actor (ActorDiedError: the actor's class, its rank, its pid, why its process ended),
-a full disk during a checkpoint save (the folder, and the space left there), otherwise the last error line; the step is the one after the last `step:N` line verl printed, the phase the
-trainer's frame in the traceback (generation, weight sync, reward, update, checkpoint save). Exit status 0
+LOG is the launcher's log of a main_ppo run (the launchers call this when main_ppo exits non-zero). It reads,
+in this order: the line of the launcher's watch across nodes (`ray_cluster: error: ...`: a node lost while the
+run went, a placement group that stayed pending; the watch ended the run, so its reason is the run's), Ray's
+report of a dead actor (ActorDiedError: the actor's class, its rank, its pid, why its process ended; the node's
+address when the actor died with its node), a full disk during a checkpoint save (the folder, and the space left
+there), otherwise the last error line; the step is the one after the last `step:N` line verl printed, the phase
+the trainer's frame in the traceback (generation, weight sync, reward, update, checkpoint save). Exit status 0
 when it printed a line, 2 on a usage error or an unreadable log.
 """
 
@@ -53,6 +56,12 @@ def summarise(text: str) -> str:
                     phase = what
                     break
     where = f"in step {step}" + (f" ({phase})" if phase else "")
+    watched = [m.group(1) for line in lines if (m := re.match(r"ray_cluster: error: (.*)", line.strip()))]
+    if watched:  # the launcher's watch ended the run: what it saw is why
+        lost = re.match(r"node (\S+)(?: \([^)]*\))? (?:left the Ray cluster|stopped answering)", watched[-1])
+        if lost:
+            return f"run: node {lost.group(1)} was lost {where}; ray_cluster watch: {watched[-1]}"
+        return f"run: stopped {where} by ray_cluster watch: {watched[-1]}"
     died = text.rfind("ActorDiedError: The actor died")
     if died >= 0:
         block = text[died : died + 3000]
@@ -66,6 +75,14 @@ def summarise(text: str) -> str:
         detail += [f"pid {pid.group(1)}"] if pid else []
         who += f" ({', '.join(detail)})" if detail else ""
         how = "its process ended"
+        node_died = re.search(r"The actor died because its node has died\.[^\n]*(?:\n\s*(.*))?", block)
+        if node_died:
+            ip = re.search(r"^\s*ip: (\S+)", block, re.M)
+            node = ip.group(1) if ip else "its node"
+            reason = (node_died.group(1) or "").strip().rstrip(".")
+            return f"run: node {node} was lost {where}: {who} died with it" + (
+                f" ({reason})" if reason else ""
+            )
         if "Worker unexpectedly exits" in block or "SYSTEM_ERROR" in block:
             how = "its process was killed (SIGKILL, the OOM killer, or a crash)"
         elif "INTENDED_USER_EXIT" in block:

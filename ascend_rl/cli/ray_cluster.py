@@ -1,14 +1,17 @@
 """The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources (or, with --cpu, a
 node without NPUs), wait for a cluster to fill (and check what its nodes offer), watch for a placement group that
-never places, print a node plan."""
+never places or a node lost while a run goes, check that every node sees a folder, print a node plan."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 from ascend_rl import ray_cluster as _library
 from ascend_rl.ray_cluster import (
@@ -20,16 +23,21 @@ from ascend_rl.ray_cluster import (
     end_driver,
     group_job,
     ifname_ipv4,
+    look_for_marker,
+    node_name,
     node_plan,
     parse_resource,
     process_running,
     ray_alive_counter,
     ray_alive_nodes,
     ray_executable,
+    raylet_answers,
     resolve_ifname,
+    run_drivers,
+    shared_folder_line,
     start_command,
     wait_for_nodes,
-    watch_groups,
+    watch_run,
 )
 
 
@@ -133,7 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Poll the cluster's placement groups (from Ray's GCS; no dashboard needed). When one has been "
         "pending for --pending-timeout seconds: one line (its bundles, why no node holds them, what each node "
         "offers) on stderr (and appended to --log), with --end-driver its job's driver ended when it runs on "
-        "this node (SIGTERM, SIGKILL after --grace), exit 1. Exit 0 once --while-pid has ended.",
+        "this node (SIGTERM, SIGKILL after --grace), exit 1. With --lost-node, the same when a node it saw alive "
+        "is marked dead (its address, Ray's reason; --end-driver then ends every driver on this node under "
+        "--while-pid). Exit 0 once --while-pid has ended, or on SIGTERM (a driver being ended is ended first).",
     )
     watch.add_argument(
         "--pending-timeout",
@@ -150,9 +160,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     watch.add_argument("--grace", type=_seconds, default=10.0, help="seconds from SIGTERM to SIGKILL")
     watch.add_argument("--while-pid", type=int, metavar="PID", help="stop watching (exit 0) once PID ended")
     watch.add_argument(
+        "--lost-node",
+        action="store_true",
+        help="also end with one line when a node seen alive leaves the cluster (the ranks left may wait forever)",
+    )
+    watch.add_argument(
+        "--unreachable-timeout",
+        type=_seconds,
+        default=20.0,
+        metavar="S",
+        help="with --lost-node: a node whose raylet port takes no connection for S seconds is lost too, before "
+        "Ray marks it dead (about a minute for a node that went silent) (default 20)",
+    )
+    watch.add_argument(
         "--log",
         help="also append the line to this file (one nothing else writes to then: not a file `tee` holds)",
     )
+
+    shared = sub.add_parser(
+        "shared",
+        help="refuse in one line unless every alive node sees FOLDER as the head does",
+        description="Write a marker file into FOLDER (made if missing) here, read it back with a Ray task on "
+        "every alive node, remove it; one line naming the nodes that do not see it, exit 1. For a checkpoint "
+        "folder (trainer.default_local_dir) of a run across nodes: each rank saves its shards there.",
+    )
+    shared.add_argument("folder", type=Path, metavar="FOLDER")
+    shared.add_argument("--what", default="the folder", help="what FOLDER is, for the message")
+    shared.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
+    shared.add_argument("--timeout", type=_seconds, default=120.0, help="seconds for every node to answer")
 
     plan = sub.add_parser("plan", help="print the node-by-node launch commands")
     where = plan.add_mutually_exclusive_group(required=True)
@@ -201,32 +236,102 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    # SIGTERM (the launcher, once main_ppo has ended): stop at the next look, not in the middle of ending a
+    # driver and saying why, so the line always reaches the log
+    stopping = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    try:
+        return _watch_until(
+            args, lambda: not stopping and (args.while_pid is None or process_running(args.while_pid))
+        )
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _watch_until(args: argparse.Namespace, keep_going) -> int:
     import ray
 
-    nodes = ray_alive_nodes(args.address)
-    found = watch_groups(
+    alive = ray_alive_nodes(args.address)  # connects
+    found = watch_run(
         ray.util.placement_group_table,
-        nodes,
+        ray.nodes if args.lost_node else alive,  # every node, dead ones with Ray's reason, for --lost-node
         args.pending_timeout,
         args.interval,
-        keep_going=(lambda: process_running(args.while_pid)) if args.while_pid else (lambda: True),
+        keep_going=keep_going,
+        lost_nodes=args.lost_node,
+        reachable=raylet_answers if args.lost_node else None,
+        unreachable_timeout=args.unreachable_timeout,
     )
     if found is None:
         return 0
-    group, line = found
+    kind, what, line = found
     if args.end_driver:
         from ray._private import state
 
         here = ray.util.get_node_ip_address()
-        line += f"; {end_driver(group_job(group['placement_group_id']), state.jobs(), here, args.grace)}"
-    else:
+        if kind == "pending":
+            line += f"; {end_driver(group_job(what['placement_group_id']), state.jobs(), here, args.grace)}"
+        else:
+            own = ray.get_runtime_context().get_job_id()
+            jobs = state.jobs()
+            drivers = run_drivers(jobs, here, own, args.while_pid)
+            done = [end_driver(job, jobs, here, args.grace) for job in drivers]
+            line += f"; {', '.join(done) if done else 'no driver of a run on this node to end'}"
+    elif kind == "pending":
         line += "; end the run (its ray.get(pg.ready()) waits forever)"
+    else:
+        line += "; end the run (its ranks on the other nodes may wait for the lost ones forever)"
     line = f"ray_cluster: error: {line}"
     if args.log:
         with open(args.log, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
     print(line, file=sys.stderr, flush=True)
     return 1
+
+
+def _shared(args: argparse.Namespace) -> int:
+    """Every alive node sees args.folder: a marker file written here, read by a Ray task pinned to each node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    folder = args.folder.absolute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / f".ascend_rl-shared-{uuid.uuid4().hex[:12]}"
+        token = f"{uuid.uuid4().hex} {os.uname().nodename}"
+        marker.write_text(token, encoding="utf-8")
+    except OSError as exc:
+        raise ClusterError(
+            f"{args.what} {folder}: cannot write a file there on this node ({exc.strerror})"
+        ) from None
+    try:
+        nodes = ray_alive_nodes(args.address)()
+        look = ray.remote(num_cpus=0)(look_for_marker)
+        refs = {
+            node_name(node): look.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(str(marker), token)
+            for node in nodes
+        }
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=args.timeout)
+        answers = {}
+        for name, ref in refs.items():
+            if ref not in ready:
+                answers[name] = f"no answer in {args.timeout:g}s"
+                continue
+            try:
+                host, why = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                answers[name] = f"its task failed ({type(exc).__name__})"
+                continue
+            answers[name if host in name else f"{name} ({host})"] = why
+    finally:
+        marker.unlink(missing_ok=True)
+    line = shared_folder_line(args.what, str(folder), answers)
+    if line:
+        raise ClusterError(line)
+    print(f"ray_cluster: {args.what} {folder}: every node of {len(answers)} sees it", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.verb == "watch":
             return _watch(args)
+        if args.verb == "shared":
+            return _shared(args)
         if args.local:
             print(f"this machine (no ray_start.sh: the job starts its own Ray):  {shlex.join(args.job)}")
             return 0

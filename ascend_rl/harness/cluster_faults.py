@@ -1,6 +1,7 @@
 """Start-up faults of a multi-node Ray launch on the simulated cluster: each must end in one line, in bounded time.
 
     python3 -m ascend_rl cluster_faults [--kinds ifname,no-worker,resource,pg-pending] [--wait S] [--json FILE]
+    .venv-e2e/bin/python -m ascend_rl cluster_faults --kinds local-ckpt,node-lost [--out DIR]   (trains: minutes)
 
 Each kind starts the DeepSeek recipe's nodes as its README says (`ray_start.sh` on each node, from a fresh
 shell: no venv on PATH) on a simulated cluster (ascend_rl.cluster), makes one fault, and checks what the user
@@ -19,8 +20,19 @@ sees:
 
 A kind passes when its command exits as it should, its last line on stderr is the expected one line, no
 traceback is printed, it ends within its timeout plus a margin, and the cluster's teardown leaves nothing.
-These are start-up faults of a cluster, not kills of a training run: they need root and `ip netns`, no
-training, no checkpoint; `python3 -m ascend_rl faults` is the kills of running training runs.
+These four are start-up faults of a cluster, not kills of a training run: they need root and `ip netns`, no
+training, no checkpoint; `python3 -m ascend_rl faults` is the kills of running training runs on one node.
+
+Two more run the DeepSeek launcher's CPU profile across the two nodes (NNODES=2, as the e2e run deepseek-2n; the
+e2e environment's Python, not in the default --kinds):
+
+    local-ckpt  trainer.default_local_dir on the node-local folder (each node its own contents): the launcher
+                refuses before main_ppo, in one line naming the node that does not see the head's marker file
+    node-lost   node2 lost in step 2 (`Cluster.kill`: its link down, its whole PID namespace killed) of a run
+                saving every step on the cluster's shared folder: the launcher's watch (its raylet probe) ends
+                the run within END_WITHIN_S with one line naming node2's address and step 2, and no process of
+                the run is left; node2 revived and joined again (ray_start.sh --worker), a rerun resumes from the
+                newest complete checkpoint
 Exit status: 0 every kind passed, 1 one did not, 2 usage or no namespaces here.
 """
 
@@ -39,9 +51,12 @@ import time
 from pathlib import Path
 
 from ascend_rl import cluster as lib
+from ascend_rl.harness.launch import HarnessError
 from ascend_rl.paths import REPO
 
 KINDS = ("ifname", "no-worker", "resource", "pg-pending")
+TRAINING_KINDS = ("local-ckpt", "node-lost")  # the launcher trains across the nodes: opt-in, the e2e Python
+END_WITHIN_S = 60.0  # how long a run that lost a node may take to end by itself
 RAY_START = "llm_rl/deepseek_r1/ray_start.sh"
 PORT = 6379
 MISSING_IF = "ib0"  # an interface name a node of the simulated cluster does not have (it has lo and eth0)
@@ -440,6 +455,276 @@ def run_kinds(kinds: list[str], python: str, wait_s: float, pending_s: float, ro
     return rows
 
 
+# --- the launcher across the nodes: a node-local checkpoint folder, a node lost in step 2 --------------------
+
+# in the environment of every process of a run (the launcher's, and Ray's workers through the job's runtime_env)
+RUN_TAG_ENV = "RECIPES_CLUSTER_FAULT_RUN"
+STEPS = 3
+
+
+def _training_overrides(run_dir: Path, tag: str) -> list[str]:
+    """The e2e deepseek run's settings (3 steps, the lr that moves the policy), a checkpoint every step (step 1's
+    exists before step 2), resume_mode=auto; the Ray workers (the raylets' children on each node, which inherit
+    only the job's runtime_env) get the metrics file and the run's tag."""
+    import argparse as _argparse
+
+    from ascend_rl.harness import e2e
+
+    ns = _argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=run_dir.parent, disable_weight_sync=False)
+    kept = [o for o in e2e.run_overrides("deepseek", ns) if "RECIPE_RESHARD_REPORT" not in o]
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    return kept + [
+        "trainer.save_freq=1",
+        "trainer.resume_mode=auto",
+        f"{env}.VERL_FILE_LOGGER_PATH={run_dir / 'metrics.jsonl'}",
+        f"{env}.{RUN_TAG_ENV}={tag}",
+    ]
+
+
+def _launch(
+    cl: lib.Cluster, name: str, out: Path, inputs, base: str, ckpt: Path, run_name: str, timeout: float
+):
+    """The DeepSeek launcher's CPU profile with NNODES=2 on node1: (RunResult or None, HarnessError or None, the
+    monotonic time it started). Checkpoints in ckpt/run_name (a rerun of the same run_name resumes there)."""
+    from ascend_rl.harness.launch import DS_LAUNCHER, HarnessError, launch
+
+    model_dir, data_dir = inputs
+    tag = f"{out}/{name}"
+    prefix = cl.exec_argv("node1", ["env", f"RAY_TMPDIR={cl.ray_tmpdir}", f"NNODES={len(cl.nodes)}"], wd=REPO)
+    t0 = time.monotonic()
+    try:
+        result = launch(
+            name,
+            DS_LAUNCHER,
+            _training_overrides(out / name, tag),
+            out,
+            model_dir,
+            data_dir,
+            timeout_s=timeout,
+            prefix="cluster_faults",
+            base=base,
+            cmd_prefix=prefix,
+            extra_env={"CKPT_DIR": str(ckpt), "RUN_NAME": run_name, RUN_TAG_ENV: tag},
+        )
+        return result, None, t0
+    except HarnessError as err:
+        return None, err, t0
+
+
+def _said(log: Path, prefix: str) -> list[str]:
+    """The lines of a launcher's log that start with `prefix` (its one-line reasons)."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.startswith(prefix)]
+
+
+def fault_local_ckpt(cl: lib.Cluster, out: Path, inputs, base: str, timeout: float) -> list[dict]:
+    """trainer.default_local_dir on the node-local folder: the launcher refuses before main_ppo, in one line."""
+    name = "local-ckpt"
+    result, err, t0 = _launch(cl, name, out, inputs, base, cl.local / "ckpt", "cf_local_ckpt", timeout)
+    took = round(time.monotonic() - t0, 1)
+    log = out / name / "launcher.log"
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    said = _said(log, "ray_cluster: error: ")
+    worker = cl.address("node2")
+    pattern = (
+        rf"ray_cluster: error: trainer\.default_local_dir {re.escape(str(cl.local))}/ckpt/cf_local_ckpt is not one "
+        rf"folder every node sees: 1 of 2 nodes do not see the marker file the head wrote there \({re.escape(worker)} "
+        r"\(node2\): no marker \(No such file or directory\)\); put it on a folder every node mounts .*"
+    )
+    problems = []
+    if result is not None:
+        problems.append("the launcher trained: it did not refuse")
+    elif "exit status 1" not in str(err):
+        problems.append(f"the launcher did not exit 1: {err}")
+    if len(said) != 1 or not re.fullmatch(pattern, said[0]):
+        problems.append(f"its one line does not match {pattern!r}: {said}")
+    if "logging to " in text or "main_ppo" in text:
+        problems.append("main_ppo started")
+    if "Traceback (most recent call last)" in text:
+        problems.append("a traceback")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or lines[-1].strip() != (said[-1] if said else None):
+        problems.append(f"the launcher's last line is not the one line: {lines[-1:]}")
+    return [
+        {
+            "check": "trainer.default_local_dir on the node-local folder",
+            "rc": 1 if err is not None else 0,
+            "seconds": took,
+            "line": said[-1] if said else "",
+            "ok": not problems,
+            "why": "; ".join(problems),
+            "ray_npu_noise": 0,
+        }
+    ]
+
+
+def fault_node_lost(cl: lib.Cluster, out: Path, inputs, base: str, timeout: float) -> list[dict]:
+    """node2 lost in step 2 of a run across both nodes; then node2 back, and a rerun that resumes."""
+    from ascend_rl.harness import multinode
+    from ascend_rl.harness.faults import leftovers as run_leftovers
+    from ascend_rl.harness.faults import newest_complete
+
+    name, run_name = "node-lost", "cf_node_lost"
+    ckpt = cl.shared / "ckpt"
+    # a metrics file left by an earlier command would read as step 1 logged
+    shutil.rmtree(out / name, ignore_errors=True)
+    metrics = out / name / "metrics.jsonl"
+    state: dict = {}
+
+    def kill_in_step_2() -> None:
+        while not state.get("done"):
+            try:
+                logged = metrics.is_file() and bool(metrics.read_text(encoding="utf-8").strip())
+            except OSError:
+                logged = False
+            if logged:  # step 1 logged: its checkpoint was saved before; the run is in step 2 now
+                state["killed_at"] = time.monotonic()
+                cl.kill("node2", why="lost in step 2 by cluster_faults")
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_in_step_2, daemon=True)
+    killer.start()
+    result, err, t0 = _launch(cl, name, out, inputs, base, ckpt, run_name, timeout)
+    state["done"] = True
+    killer.join(timeout=10)
+    tag = f"{out}/{name}"
+    row: dict = {"check": "node2 lost in step 2", "ray_npu_noise": 0, "rc": None}
+    if "killed_at" not in state:
+        why = (
+            "the run finished before step 1 was logged" if result else f"the run failed before step 2: {err}"
+        )
+        return [{**row, "ok": False, "why": why, "seconds": None, "line": ""}]
+    ended = t0 + (err.measured.wall_s if err is not None and err.measured else time.monotonic() - t0)
+    row["seconds"] = round(ended - state["killed_at"], 1)
+    said = _said(out / name / "launcher.log", "run: ")
+    row["line"] = said[-1] if said else ""
+    row["left"], row["left_names"] = run_leftovers(tag)
+    row["newest_complete"] = newest_complete(ckpt / run_name)
+    worker = cl.address("node2")
+    problems = []
+    if result is not None:
+        problems.append("the run finished: losing node2 did not end it")
+    if row["seconds"] > END_WITHIN_S:
+        problems.append(f"it ended {row['seconds']}s after the kill, more than {END_WITHIN_S:g}s")
+    if not re.fullmatch(rf"run: node {re.escape(worker)} was lost in step 2\b.*", row["line"]):
+        problems.append(f"its one line does not name node {worker} and step 2: {said[-1:]}")
+    if row["left"]:
+        problems.append(f"{row['left']} processes of the run left: {row['left_names']}")
+    if row["newest_complete"] is None:
+        problems.append(f"no complete checkpoint in {ckpt / run_name}")
+    rows = [{**row, "ok": not problems, "why": "; ".join(problems)}]
+
+    # node2 back, its Ray joined to the head's again as the README says, then the same launch again
+    t1 = time.monotonic()
+    revived: dict = {"check": "node2 back (revive, ray_start.sh --worker)", "ray_npu_noise": 0, "line": ""}
+    try:
+        cl.revive("node2")
+        cmd = ["bash", str(multinode.RAY_START), "--cpu", "--worker", f"{cl.address('node1')}:{PORT}"]
+        with open(out / "ray_start_revived.log", "w", encoding="utf-8") as log:
+            done = cl.run(
+                "node2",
+                cmd,
+                wd=REPO,
+                env=multinode.node_env(base),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=STEP_S,
+            )
+        revived.update(
+            rc=done.returncode, ok=done.returncode == 0, why="" if done.returncode == 0 else "exit"
+        )
+    except (lib.ClusterError, subprocess.TimeoutExpired) as exc:
+        revived.update(rc=None, ok=False, why=str(exc))
+    revived["seconds"] = round(time.monotonic() - t1, 1)
+    rows.append(revived)
+    if not revived["ok"]:
+        return rows
+    rerun, rerun_err, _ = _launch(cl, f"{name}-rerun", out, inputs, base, ckpt, run_name, timeout)
+    want = row["newest_complete"]
+    steps = [r["step"] for r in rerun.rows] if rerun else []
+    resumed = rerun.resumed_from if rerun else None
+    ok = (
+        rerun is not None
+        and want is not None
+        and resumed == want
+        and steps == list(range(want + 1, STEPS + 1))
+    )
+    rows.append(
+        {
+            "check": "the rerun resumes from the newest complete checkpoint",
+            "ray_npu_noise": 0,
+            "rc": 0 if rerun else 1,
+            "seconds": round(rerun.wall_s, 1) if rerun else None,
+            "line": f"resumed from step {resumed}, did steps {steps}" if rerun else str(rerun_err),
+            "resumed_from": resumed,
+            "rerun_steps": steps,
+            "ok": ok,
+            "why": ""
+            if ok
+            else f"resumed from {resumed}, not {want}, or did not finish: {rerun_err or steps}",
+        }
+    )
+    return rows
+
+
+def run_training_kinds(kinds: list[str], out: Path, root: Path, base: str, timeout: float) -> list[dict]:
+    """The launcher across a fresh two-node cluster whose Ray ray_start.sh started (as the e2e run deepseek-2n
+    does): the node-local checkpoint folder first (the launcher refuses before training), then the lost node."""
+    from ascend_rl.harness import e2e, multinode
+    from ascend_rl.harness.launch import check_interpreter, out_lock
+
+    check_interpreter()
+    rows: list[dict] = []
+    name = f"cf{os.getpid()}-train"
+    with out_lock(out, "cluster_faults"):
+        inputs = e2e.prepare_deepseek_inputs(out)
+        rec = None
+        try:
+            with lib.Cluster(name, 2, root=root / name) as cl:
+                rec = cl.to_json()
+                t0 = time.monotonic()
+                multinode.start_ray(cl, base, out / "ray_start.log", REPO)
+                rows.append(
+                    {
+                        "kind": "setup",
+                        "check": "ray_start.sh on both nodes",
+                        "seconds": round(time.monotonic() - t0, 1),
+                        "ok": True,
+                        "line": "",
+                    }
+                )
+                if "local-ckpt" in kinds:
+                    rows += [
+                        {"kind": "local-ckpt", **r} for r in fault_local_ckpt(cl, out, inputs, base, timeout)
+                    ]
+                if "node-lost" in kinds:
+                    rows += [
+                        {"kind": "node-lost", **r} for r in fault_node_lost(cl, out, inputs, base, timeout)
+                    ]
+        except lib.ClusterError as exc:
+            rows.append({"kind": "setup", "check": "the cluster", "ok": False, "why": str(exc)})
+        except HarnessError as exc:  # Ray's start-up on the nodes, one line
+            rows.append(
+                {"kind": "setup", "check": "ray_start.sh on both nodes", "ok": False, "why": str(exc)}
+            )
+        if rec is not None:
+            left = leftovers(rec)
+            rows.append(
+                {
+                    "kind": "teardown",
+                    "check": "teardown",
+                    "ok": not left,
+                    "why": f"left {left}" if left else "",
+                    "line": "",
+                }
+            )
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
@@ -474,10 +759,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--python", default=sys.executable, help="the Python with Ray the nodes run (default: this one)"
     )
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "e2e_out" / "cluster_faults",
+        help="the training kinds' run folders (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--base", default="0.6.0", help="the training kinds' verl base (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds one training run may take (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if not args.kinds or set(args.kinds) - set(KINDS):
-        parser.error(f"--kinds takes {', '.join(KINDS)}; got {args.kinds}")
+    if not args.kinds or set(args.kinds) - set(KINDS + TRAINING_KINDS):
+        parser.error(f"--kinds takes {', '.join(KINDS + TRAINING_KINDS)}; got {args.kinds}")
     return args
 
 
@@ -489,9 +786,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster_faults: error: {exc}", file=sys.stderr)
         return 2
     root = Path(tempfile.mkdtemp(prefix="ascend_rl-cluster-faults-"))
+    rows = []
     try:
         with lib.terminate_raises():
-            rows = run_kinds(args.kinds, args.python, args.wait, args.pending_timeout, root)
+            startup = [k for k in args.kinds if k in KINDS]
+            if startup:
+                rows += run_kinds(startup, args.python, args.wait, args.pending_timeout, root)
+            training = [k for k in args.kinds if k in TRAINING_KINDS]
+            if training:
+                rows += run_training_kinds(training, args.out.absolute(), root, args.base, args.timeout)
+    except HarnessError as exc:
+        print(f"cluster_faults: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:

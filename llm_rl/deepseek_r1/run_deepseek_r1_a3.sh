@@ -19,7 +19,9 @@
 # verl tree and base, environment), the report and the node-by-node commands on stderr; it implies --dry-run.
 # A rerun of the same RUN_NAME resumes from its newest complete checkpoint (trainer.resume_mode=auto;
 # patch shared-0012 makes a save killed half-way harmless). A run that fails ends with one line naming
-# what died (a trainer rank, the vLLM server, a reward worker), in which step and phase (run_failure.py).
+# what died (a trainer rank, the vLLM server, a reward worker, a node), in which step and phase (run_failure.py).
+# Across nodes (NNODES > 1) it refuses a trainer.default_local_dir not every node sees, and a watch ends a run
+# whose placement group stays pending for RAY_PENDING_TIMEOUT seconds (600) or that lost a node (docs/cluster.md).
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -241,14 +243,46 @@ elif [ "$NNODES" != 1 ]; then
   "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
     --resource "cpu=$NPUS_PER_NODE"
 fi
+# Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse
+# now, in one line naming the nodes, unless every node sees the folder the head sees (a node-local disk would leave
+# each node's shards where the others cannot read them). The last setting of it wins, as in Hydra.
+if [ "$NNODES" != 1 ]; then
+  CKPT_PATH=
+  for arg in "${OVERRIDES[@]}" "${ARGS[@]}"; do
+    case "$arg" in trainer.default_local_dir=*|+trainer.default_local_dir=*|++trainer.default_local_dir=*)
+      CKPT_PATH="${arg#*=}" ;; esac
+  done
+  CKPT_PATH="${CKPT_PATH#[\'\"]}"; CKPT_PATH="${CKPT_PATH%[\'\"]}"
+  case "$CKPT_PATH" in /*) ;; *) CKPT_PATH="$RECIPE_DIR/$CKPT_PATH" ;; esac  # main_ppo runs in $RECIPE_DIR
+  "$PYTHON" -m ascend_rl ray_cluster shared "$CKPT_PATH" --what trainer.default_local_dir
+fi
 
 export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"
 echo "logging to $LOG"
 cd "$RECIPE_DIR"
+# Across nodes a watch beside main_ppo ends the run in one line when a placement group stays pending
+# (RAY_PENDING_TIMEOUT seconds: verl's ray.get(pg.ready()) would wait forever) or a node is lost while it runs (the
+# ranks left would wait in a collective); it writes to its own file (tee holds $LOG open), added to $LOG at the end.
+# RAY_WATCH=0 leaves it out.
+WATCH_PID=
+if [ "$NNODES" != 1 ] && [ "${RAY_WATCH:-1}" != 0 ]; then
+  WATCH_LOG="$LOG.watch"
+  (cd "$REPO_DIR" && exec "$PYTHON" -m ascend_rl ray_cluster watch --pending-timeout "${RAY_PENDING_TIMEOUT:-600}" \
+    --lost-node --end-driver --while-pid $$) >"$WATCH_LOG" 2>&1 &
+  WATCH_PID=$!
+  trap 'kill -TERM "$WATCH_PID" 2>/dev/null || true' EXIT
+fi
 rc=0  # (set -e would end the script at a failed pipeline; pipefail makes rc main_ppo's status)
 "$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer "${OVERRIDES[@]}" "${ARGS[@]}" 2>&1 | tee "$LOG" || rc=$?
+if [ -n "$WATCH_PID" ]; then  # SIGTERM: it stops at its next look, after the line of a driver it is ending
+  kill -TERM "$WATCH_PID" 2>/dev/null || true
+  wait "$WATCH_PID" 2>/dev/null || true
+  trap - EXIT
+  [ ! -s "$WATCH_LOG" ] || cat "$WATCH_LOG" >>"$LOG"  # its line reaches run_failure's one line below
+  rm -f "$WATCH_LOG"
+fi
 # A failed run ends with one line saying what died (a trainer rank, the vLLM server, ...), in which step and phase
 [ "$rc" -eq 0 ] || (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl run_failure "$LOG") || true
 exit "$rc"
