@@ -4,7 +4,8 @@ uses them (ascend_rl/harness/shm.py, the hook ascend_rl/harness/hooks/recipes_sh
 The unit tests make real POSIX segments and semaphores in child processes that die the way a killed run's do
 (SIGKILL to their whole process group, multiprocessing's resource tracker included); each test removes what
 it made. The run-level test (make test-full) runs verl 0.7.1 through its launcher, whose vLLM engine is what
-left the psm_* segments, and compares /dev/shm before and after, also after a run killed with its harness.
+left the psm_* segments, and compares /dev/shm before and after, also after a run killed with its harness; the
+run that ends by itself shuts its engine down (shared-0013), and the engine's processes unlink their own queues.
 """
 
 from __future__ import annotations
@@ -256,6 +257,34 @@ def _created(record: Path) -> set[str]:
     return {e["name"] for e in map(json.loads, lines) if e["event"] == "create"}
 
 
+def _events(record: Path) -> list[dict]:
+    """The record's events, in order (a line cut short by a killed writer is skipped)."""
+    events = []
+    for line in record.read_text().splitlines() if record.is_file() else []:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+def _engine_queues_unlinked_by_creator(record: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    """vLLM's message queues in the record (the segments shm_broadcast.py made: the EngineCore's broadcast queue and
+    each worker's response queue), split into those an unlink event of their creating process (the same pid)
+    follows, and the rest."""
+    created: dict[str, dict] = {}
+    unlinked_by_creator: set[str] = set()
+    for event in _events(record):
+        if event["event"] == "create" and "shm_broadcast.py" in (event.get("by") or ""):
+            created[event["name"]] = event
+        elif event["event"] == "unlink" and event["name"] in created:
+            if event.get("pid") == created[event["name"]]["pid"]:
+                unlinked_by_creator.add(event["name"])
+    by_creator = {name: e for name, e in created.items() if name in unlinked_by_creator}
+    rest = {name: e for name, e in created.items() if name not in unlinked_by_creator}
+    return by_creator, rest
+
+
 def _e2e(python: Path, out: Path, **popen) -> subprocess.Popen:
     cmd = [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), "--runs", "v071", "--steps", "1"]
     return subprocess.Popen(
@@ -267,8 +296,9 @@ def _e2e(python: Path, out: Path, **popen) -> subprocess.Popen:
 def test_a_0_7_1_run_leaves_dev_shm_as_it_found_it_also_after_a_killed_one(e2e_python, tmp_path):
     """First a run killed with its harness once vLLM's engine has made its queues (its leftovers stay: nothing of
     it survives to clean up), then a whole one-step run in the same folder: it removes the killed run's
-    leftovers before it starts and its own once it ends. /dev/shm before and after: nothing the runs made or
-    mapped is left; the entries the runs' processes were seen to map are all in their records."""
+    leftovers before it starts, and its vLLM engine, shut down when training ends (shared-0013), unlinks its own
+    queues. /dev/shm before and after: nothing the runs made or mapped is left; the entries the runs' processes
+    were seen to map are all in their records."""
     out = tmp_path / "shm_out"
     record = out / "v071" / "shm.jsonl"
     before = _listing()
@@ -319,3 +349,10 @@ def test_a_0_7_1_run_leaves_dev_shm_as_it_found_it_also_after_a_killed_one(e2e_p
     mine = {name: size for name, size in new.items() if name in made | watcher.seen | killed_made}
     assert not mine, f"the runs left {mine} in /dev/shm"
     assert watcher.seen - set(before) <= made, "the run mapped names its record lacks"
+
+    # the run that ended by itself shut its vLLM engine down (shared-0013): each of the engine's queues was unlinked
+    # by the process that made it, and the harness's cleanup had none of them left to remove
+    by_creator, rest = _engine_queues_unlinked_by_creator(record)
+    assert by_creator and not rest, f"engine queues not unlinked by their creators: {rest}; {stdout[-3000:]}"
+    removed = [line for line in stdout.splitlines() if "/dev/shm entries the run left" in line]
+    assert not any(name in line for line in removed for name in by_creator), removed
