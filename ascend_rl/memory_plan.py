@@ -19,6 +19,7 @@ headroom (`headroom_bytes`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,9 @@ class Shapes:
     vocab: int
     kv_bytes_per_token_layer: int  # bf16 K and V (or MLA's latent) of one token in one layer, whole model
     kv_split_by_tp: bool  # GQA heads split over TP; MLA's latent is replicated
+    # MLA run unabsorbed (vLLM with VLLM_MLA_DISABLE=1, its CPU platform's only way): K and V of every head at the
+    # q/k head size (vLLM's DeepseekV2Attention pads V to it), split over TP; 0 for a model without MLA
+    kv_unabsorbed_bytes_per_token_layer: int = 0
 
 
 def shapes(cfg: Mapping[str, Any]) -> Shapes:
@@ -213,7 +217,8 @@ def shapes(cfg: Mapping[str, Any]) -> Shapes:
         )
         spec = mr.ModelSpec(n, tuple(range(first_moe, n)), experts, expert_params, tuple(dense))
         topk = int(cfg.get("num_experts_per_tok", 1))
-        return Shapes(spec, h, (topk + shared) * moe_ffn, vocab, (kv_lora + rope) * 2, False)
+        unabsorbed = 2 * heads * (nope + rope) * 2
+        return Shapes(spec, h, (topk + shared) * moe_ffn, vocab, (kv_lora + rope) * 2, False, unabsorbed)
     if "num_key_value_heads" not in cfg and kind not in ("qwen2", "llama", "mistral", "qwen3"):
         raise ValueError(f"model_type {kind!r} is not one the plan knows (qwen2, llama, deepseek_v3)")
     ffn = int(cfg["intermediate_size"])
@@ -355,6 +360,9 @@ def settings_from_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
             2048  # 0.7.1's rollout.yaml default
         )
     out["_recipe"] = plan.get("recipe")
+    # vLLM's own switch (envs.VLLM_MLA_DISABLE: an integer), when the launch sets it (the DeepSeek CPU profile)
+    mla_off = str((plan.get("env") or {}).get("VLLM_MLA_DISABLE") or "0").strip()
+    out["_vllm_mla_disable"] = mla_off.isdigit() and int(mla_off) != 0
     return out
 
 
@@ -431,6 +439,9 @@ class Plan:
     hint: str = ""
     stage_plans: list[Plan] = field(default_factory=list)  # every PP stage's plan, when the stages differ
     kv_bytes_per_token: int = 0  # one token's K and V over all layers, on one rollout rank
+    # per training rank of the planned stage: its actor weights, gradients and optimizer states (bytes), where
+    # they differ between ranks (the distributed optimizer's and FSDP2's shards)
+    rank_terms: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def phase_max(self, name: str) -> int | None:
         """A phase's bytes on the die where it is largest (over the PP stages)."""
@@ -517,23 +528,143 @@ def _layout(s: Mapping[str, Any]) -> Layout:
     return Layout(world, strategy, tp, pp, ep, rtp, rep)
 
 
-def _stage_weights(sh: Shapes, lay: Layout, stage: int, train: mr.TrainLayout | None) -> tuple[int, int]:
-    """(dense numel, routed-expert numel) one training rank of `stage` holds."""
+# Megatron-core's module order inside a decoder layer (the order named_parameters() yields, megatron-core 0.12.1:
+# TransformerLayer builds input_layernorm, self_attention, pre_mlp_layernorm, mlp; Attention builds linear_proj
+# before its projections; MLASelfAttention the q projection(s), linear_kv_down_proj, linear_kv_up_proj, then
+# q_layernorm and kv_layernorm; SelfAttention linear_qkv (weight, then bias); MoELayer the router, the experts, the
+# shared experts), under the checkpoint's names. The router's e_score_correction_bias is no parameter there
+# (TopKRouter keeps expert_bias as an fp32 buffer).
+MCORE_LAYER_ORDER = (
+    "input_layernorm",
+    "self_attn.o_proj",
+    "self_attn.q_proj",
+    "self_attn.q_a_proj",
+    "self_attn.q_b_proj",
+    "self_attn.qkv",
+    "self_attn.qkv.bias",
+    "self_attn.kv_a_proj_with_mqa",
+    "self_attn.kv_b_proj",
+    "self_attn.q_a_layernorm",
+    "self_attn.kv_a_layernorm",
+    "post_attention_layernorm",
+    "mlp.gate",
+    "mlp.gate_up_proj",
+    "mlp.down_proj",
+    "mlp.shared_experts.gate_up_proj",
+    "mlp.shared_experts.down_proj",
+)
+MCORE_BUFFERS_ONLY = ("mlp.gate.e_score_correction_bias",)
+# Megatron's attention fuses GQA's q, k and v (and their biases) into linear_qkv
+_QKV = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "q_proj.bias": "qkv.bias"}
+_QKV.update({"k_proj.bias": "qkv.bias", "v_proj.bias": "qkv.bias"})
+
+
+def mcore_params(sh: Shapes, tp: int, stage: int, train: mr.TrainLayout) -> tuple[list[int], list[int]]:
+    """(dense, routed-expert) parameters one Megatron rank of `stage` holds, as element counts in megatron-core's
+    named_parameters() order (embedding, layers, final norm, output layer); experts by EP: train.ep's share."""
     spec = sh.spec
-    if lay.strategy != "megatron":
-        dense = sum(numel(p.shape) for p in spec.dense_params)
-        experts = len(spec.moe_layers) * spec.num_experts * sum(numel(e.shape) for e in spec.expert_params)
-        return -(-dense // lay.world), -(-experts // lay.world)  # FSDP: every tensor sharded over the world
-    assert train is not None
-    dense = sum(
-        numel(p.shard_shape(lay.tp))
-        for p in spec.dense_params
-        if train.stage_of_layer(p.layer, spec.num_layers) == stage
-    )
-    layers = sum(1 for x in spec.moe_layers if train.stage_of_layer(x, spec.num_layers) == stage)
-    per = spec.num_experts // lay.ep if spec.num_experts else 0
-    experts = layers * per * sum(numel(e.shape) for e in spec.expert_params)
+    gqa = any(p.name.endswith("self_attn.k_proj") for p in spec.dense_params)
+    here = [p for p in spec.dense_params if train.stage_of_layer(p.layer, spec.num_layers) == stage]
+    layers: dict[int, dict[str, int]] = {}
+    outer: dict[int, list[int]] = {}
+    for p in here:
+        n = numel(p.shard_shape(tp))
+        if p.layer < 0 or p.layer >= spec.num_layers:
+            outer.setdefault(p.layer, []).append(n)
+            continue
+        key = p.name.split(".", 2)[2]  # "layers.<i>.<key>"
+        if key in MCORE_BUFFERS_ONLY:
+            continue
+        if gqa and key.startswith("self_attn."):
+            key = "self_attn." + _QKV.get(key[len("self_attn.") :], key[len("self_attn.") :])
+        if key not in MCORE_LAYER_ORDER:
+            raise ValueError(
+                f"{p.name}: no place in megatron-core's layer order (memory_plan.MCORE_LAYER_ORDER)"
+            )
+        slots = layers.setdefault(p.layer, {})
+        slots[key] = slots.get(key, 0) + n
+    dense = [n for layer in sorted(x for x in outer if x < 0) for n in outer[layer]]
+    for i in sorted(layers):
+        dense += [layers[i][k] for k in MCORE_LAYER_ORDER if k in layers[i]]
+    dense += [n for layer in sorted(x for x in outer if x >= 0) for n in outer[layer]]
+    per = spec.num_experts // train.ep if spec.num_experts else 0
+    experts = [
+        numel(e.shape)
+        for layer in spec.moe_layers
+        if train.stage_of_layer(layer, spec.num_layers) == stage
+        for _ in range(per)
+        for e in spec.expert_params
+    ]
     return dense, experts
+
+
+def _pad(n: int, divisor: int) -> int:
+    return -(-n // divisor) * divisor
+
+
+@dataclass(frozen=True)
+class GradBuffer:
+    """megatron-core 0.12.1's _ParamAndGradBuffer of one parameter group (dense, or expert-parallel) as verl builds
+    it (overlap_grad_reduce=False: one bucket): the parameters laid out in reverse order, with the distributed
+    optimizer each starting at a multiple of 64 elements and the end padded to lcm(DP, 128); `numel` is the padded
+    size of the param buffer (bf16) and of the grad buffer (fp32), `owned[r]` the parameter elements in DP rank r's
+    contiguous 1/DP of it, which the distributed optimizer keeps fp32 main weights and Adam's m and v of."""
+
+    numel: int
+    params: int
+    owned: tuple[int, ...]
+
+    @classmethod
+    def of(cls, sizes: list[int], dp: int, distributed: bool) -> GradBuffer:
+        if not sizes:
+            return cls(0, 0, (0,) * dp)
+        if not distributed:  # no padding; every rank keeps main weights and moments of every parameter
+            total = sum(sizes)
+            return cls(total, total, (total,) * dp)
+        ranges, start = [], 0
+        for n in reversed(sizes):
+            start = _pad(start, 64)
+            ranges.append((start, start + n))
+            start += n
+        size = _pad(start, math.lcm(dp, 128))
+        shard = size // dp
+        owned = tuple(
+            sum(max(0, min(end, (r + 1) * shard) - max(beg, r * shard)) for beg, end in ranges)
+            for r in range(dp)
+        )
+        return cls(size, sum(sizes), owned)
+
+
+def mcore_rank_groups(rank: int, lay: Layout) -> tuple[int, int, int]:
+    """(PP stage, DP rank, expert-DP rank) of a global rank in megatron-core's default order tp-cp-ep-dp-pp (CP 1,
+    expert TP 1): within a stage, rank = tp_rank + TP x dp_rank = ep_rank + EP x expert_dp_rank."""
+    per_stage = lay.world // lay.pp
+    local = rank % per_stage
+    return rank // per_stage, local // lay.tp, local // lay.ep
+
+
+def fsdp2_shards(sh: Shapes, world: int, rank: int) -> tuple[int, int]:
+    """(padded, local) elements one FSDP2 rank holds of every parameter of the Hugging Face model: fully_shard
+    splits each parameter on dim 0 with torch.chunk's rule, stores every rank's shard padded to the first chunk's
+    rows (FSDPParam._sharded_param_data) and hands out the unpadded view; torch.zeros_like of that view (AdamW's
+    states) is unpadded. Fused names of the plan (gate_up_proj, the experts' w1) are two parameters there."""
+
+    def parts(name: str, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        if name.endswith("gate_up_proj") or name.endswith("experts.w1"):
+            return [(shape[0] // 2, *shape[1:])] * 2
+        return [shape]
+
+    shapes_ = [q for p in sh.spec.dense_params for q in parts(p.name, p.shape)]
+    for _ in sh.spec.moe_layers:
+        for _ in range(sh.spec.num_experts):
+            shapes_ += [q for e in sh.spec.expert_params for q in parts(e.name, e.shape)]
+    padded = local = 0
+    for shape in shapes_:
+        rows, rest = shape[0], numel(shape[1:])
+        chunk = -(-rows // world)
+        padded += chunk * rest
+        local += max(0, min(chunk, rows - rank * chunk)) * rest
+    return padded, local
 
 
 def _rollout_weights(sh: Shapes, lay: Layout, dtype_bytes: int = 2) -> int:
@@ -601,48 +732,88 @@ def plan(
     train_layout = (
         mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
     )
-    dense_n, expert_n = _stage_weights(sh, lay, stage, train_layout)
-    n_local = dense_n + expert_n
     facts = [
         ("model", f"{total_params(sh) / 1e9:.2f}B parameters ({cfg.get('model_type')})"),
         ("die", f"{die.name}: {die.memory / GIB:.0f} GiB ({die.source})"),
     ]
 
-    # --- the actor's and reference's state
+    # --- the actor's and reference's state, and what each training rank of the stage holds of it
+    rank_terms: dict[int, dict[str, int]] = {}
     if lay.strategy == "megatron":
+        assert train_layout is not None
         m, mref = a + "megatron.", "actor_rollout_ref.ref.megatron."
         param_b, grad_b = 2, 4  # bf16 weights; fp32 grad buffer (verl sets grad_reduce_in_fp32)
-        # distributed optimizer: fp32 main weights + Adam's two moments, sharded over (expert) data parallel
+        # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
+        # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
+        # main weights + Adam's two moments of the elements in its rank's part of each
         dist = bool(s[m + "use_distributed_optimizer"])
-        opt = 12 * (dense_n / (lay.dp if dist else 1) + expert_n / (lay.expert_dp if dist else 1))
+        dense_sizes, expert_sizes = mcore_params(sh, lay.tp, stage, train_layout)
+        dense_buf = GradBuffer.of(dense_sizes, lay.dp, dist)
+        expert_buf = GradBuffer.of(expert_sizes, lay.expert_dp, dist)
+        dense_n, expert_n = dense_buf.params, expert_buf.params
+        n_local = dense_n + expert_n
+        n_buf = dense_buf.numel + expert_buf.numel
+        swap = 16 if bool(s[m + "override_transformer_config.swap_optimizer"]) else 1
+        for rank in range(lay.world):
+            st, dp_rank, edp_rank = mcore_rank_groups(rank, lay)
+            if st == stage:
+                rank_terms[rank] = {
+                    "weights": n_buf * param_b if dist else n_local * param_b,
+                    "gradients": n_buf * grad_b,
+                    "optimizer_states": 12 * (dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]) // swap,
+                }
+        opt = max(t["optimizer_states"] for t in rank_terms.values())
         opt_how = (
-            f"fp32 main weights + Adam m, v (12 B/param), distributed optimizer: dense / DP{lay.dp}, "
-            f"experts / expert-DP{lay.expert_dp}"
+            f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
+            f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
+            if dist
+            else "fp32 main weights + Adam m, v (12 B/param) of every local parameter"
         )
-        if bool(s[m + "override_transformer_config.swap_optimizer"]):
-            times = 16
-            opt /= times
+        if swap > 1:
             opt_how += (
-                f"; MindSpeed swap_optimizer keeps it on the host, 1/{times} swapped in at a time (estimate)"
+                f"; MindSpeed swap_optimizer keeps it on the host, 1/{swap} swapped in at a time (estimate)"
             )
         p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
         ref_off = bool(s[mref + "param_offload"])
         shard = f"TP{lay.tp} PP{lay.pp} (stage {stage}) EP{lay.ep}"
-        ref_b = 2
+        pad = f" in DDP buffers padded to {n_buf / 1e9:.3f}B" if dist and n_buf != n_local else ""
+        actor_w = Term(
+            "actor weights",
+            (n_buf if dist else n_local) * param_b,
+            f"{n_local / 1e9:.3f}B params x {param_b} B{pad}, {shard}",
+        )
+        grads = Term("actor gradients", n_buf * grad_b, f"fp32 grad buffer{pad}, {shard}")
+        ref_w = Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)")
     else:
         f = a + "fsdp_config."
         param_b = 4 if str(s[f + "model_dtype"]) in ("fp32", "float32") else 2
         grad_b = param_b
-        opt = 2 * param_b * n_local  # AdamW's m and v at the weights' dtype, FSDP-sharded
-        opt_how = f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), FSDP-sharded over {lay.world}"
+        if lay.strategy == "fsdp2":
+            # every parameter split on dim 0, each shard stored padded to the first shard's rows; Adam's states
+            # (zeros_like the unpadded shard) are not
+            padded = fsdp2_shards(sh, lay.world, 0)[0]
+            for rank in range(lay.world):
+                rank_terms[rank] = {
+                    "weights": padded * param_b,
+                    "gradients": padded * grad_b,
+                    "optimizer_states": 2 * param_b * fsdp2_shards(sh, lay.world, rank)[1],
+                }
+            n_local = padded
+            opt = max(t["optimizer_states"] for t in rank_terms.values())
+            shard = f"FSDP2 over {lay.world}, each parameter's dim 0"
+        else:
+            n_local = -(-total_params(sh) // lay.world)  # FSDP1's flat parameters, each padded to the world
+            opt = 2 * param_b * n_local
+            shard = f"FSDP over {lay.world}"
+        opt_how = f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), {shard}"
         p_off, o_off = bool(s[f + "param_offload"]), bool(s[f + "optimizer_offload"])
         g_off = False  # FSDP's gradients are made by the backward pass and freed by zero_grad, never moved
         ref_off = bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"])
-        shard = f"FSDP over {lay.world}"
-        ref_b = 2
-    actor_w = Term("actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}")
-    ref_w = Term("reference weights", n_local * ref_b, f"bf16, {shard}")
-    grads = Term("actor gradients", n_local * grad_b, f"{grad_b} B/param, {shard}")
+        actor_w = Term(
+            "actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}"
+        )
+        grads = Term("actor gradients", n_local * grad_b, f"{grad_b} B/param, {shard}")
+        ref_w = Term("reference weights", n_local * 2, f"bf16, {shard}")
     optim = Term("optimizer states", _b(opt), opt_how)
 
     # --- the rollout engine
@@ -669,7 +840,12 @@ def plan(
     if not ref_off:
         at_start.append(ref_w)
     kv = max(0, _b(die.memory * util) - roll_w - roll_act.nbytes - sum(t.nbytes for t in at_start))
-    kv_token = sh.kv_bytes_per_token_layer * roll_bytes // 2 // (lay.rollout_tp if sh.kv_split_by_tp else 1)
+    if s.get("_vllm_mla_disable") and sh.kv_unabsorbed_bytes_per_token_layer:
+        kv_token = sh.kv_unabsorbed_bytes_per_token_layer * roll_bytes // 2 // lay.rollout_tp
+    else:
+        kv_token = (
+            sh.kv_bytes_per_token_layer * roll_bytes // 2 // (lay.rollout_tp if sh.kv_split_by_tp else 1)
+        )
     block = int(s[r + "block_size"])
     blocks = kv // (block * kv_token * sh.spec.num_layers) if kv_token else 0
     kv_t = Term(
@@ -894,6 +1070,7 @@ def plan(
         stage,
         hint,
         kv_bytes_per_token=kv_token * sh.spec.num_layers,
+        rank_terms=rank_terms,
     )
 
 
@@ -973,16 +1150,20 @@ def short_plan_lines(p: Plan) -> list[str]:
     return out
 
 
-def measured_terms(p: Plan) -> dict[str, int]:
+def measured_terms(p: Plan, rank: int | None = None) -> dict[str, int]:
     """The plan's exact terms a CPU run's hook measures (hooks/recipes_memory_record.py), by the record's names:
-    the actor's weights, gradients and optimizer states in the update, the rollout's weights, and the KV cache's
-    bytes per block token (the KV cache's size on CPU is VLLM_CPU_KVCACHE_SPACE's, not vLLM-Ascend's rule)."""
+    the actor's weights, gradients and optimizer states in the update (those of training rank `rank` where the plan
+    has them per rank), the rollout's weights, and the KV cache's bytes per block token (the KV cache's size on CPU
+    is VLLM_CPU_KVCACHE_SPACE's, not vLLM-Ascend's rule)."""
     update = {t.name: t.nbytes for t in next(ph for ph in p.phases if ph.name == "actor update").terms}
     gen = {t.name: t for t in next(ph for ph in p.phases if ph.name == "generation").terms}
-    return {
+    out = {
         "weights": update["actor weights"],
         "gradients": update["actor gradients"],
         "optimizer_states": update["optimizer states"],
         "rollout_weights": gen["rollout weights"].nbytes,
         "kv_cache_per_token": p.kv_bytes_per_token,
     }
+    if rank is not None and p.rank_terms:
+        out.update(p.rank_terms[rank])
+    return out

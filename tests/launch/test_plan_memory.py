@@ -167,11 +167,23 @@ def test_moe_model_by_hand_with_the_distributed_optimizer():
     assert mp.total_params(sh) == TINY_DS_DENSE + 4 * TINY_DS_EXPERT
     plan = mp.plan(_megatron(), TINY_DS, DIE)
     update = _terms(_phase(plan, "actor update"))
-    local = TINY_DS_DENSE + 2 * TINY_DS_EXPERT  # TP1 PP1: every dense weight; EP2: 2 of the 4 experts
-    assert update["actor weights"] == local * 2  # bf16
-    assert update["actor gradients"] == local * 4  # Megatron's fp32 grad buffer, not sharded
-    # fp32 main weights + Adam m, v = 12 B/param; dense over DP4, experts over expert-DP 2
-    assert update["optimizer states"] == 12 * (TINY_DS_DENSE / 4 + 2 * TINY_DS_EXPERT / 2)
+    # TP1 PP1: every dense weight but the router's bias (megatron-core keeps it as a buffer): 1168 values, in
+    # megatron-core's order embedding 128 | layer 0: norm 8, o 32, q 64, kv_a 48, kv_b 32, kv_a norm 4, norm 8,
+    # gate/up 256, down 128 | layer 1: the same attention 196, router 32, shared gate/up 64, shared down 32 | norm 8,
+    # lm_head 128. The DDP buffer lays them out in reverse, each from a multiple of 64: 1792 values, already a
+    # multiple of lcm(DP 4, 128). EP2: 2 of the 4 experts (w1 64, w2 32 each): 32, 64, 32, 64 at 0, 64, 128, 192,
+    # 256 values.
+    dense_sizes, expert_sizes = mp.mcore_params(mp.shapes(TINY_DS), 1, 0, mr.TrainLayout(4, ep=2))
+    assert sum(dense_sizes) == TINY_DS_DENSE - 4 and sum(expert_sizes) == 2 * TINY_DS_EXPERT
+    assert update["actor weights"] == (1792 + 256) * 2  # bf16 param buffers
+    assert update["actor gradients"] == (1792 + 256) * 4  # Megatron's fp32 grad buffers, not sharded
+    # fp32 main weights + Adam m, v = 12 B per value each DP rank owns: its quarter of the dense buffer (448 values
+    # from lm_head down, less the padding in it: 272, 252, 332, 312) and its half of the expert one (96 each)
+    owned = {0: 272 + 96, 1: 252 + 96, 2: 332 + 96, 3: 312 + 96}
+    assert {r: t["optimizer_states"] for r, t in plan.rank_terms.items()} == {
+        r: 12 * n for r, n in owned.items()
+    }
+    assert update["optimizer states"] == 12 * 428  # the die's term: the rank that holds most
     # rollout EP4: one expert each, dense whole at TP1, in bf16 but the router's fp32 bias (4 values); the embedding
     # and the LM head padded from 16 to 64 rows of 8
     vllm_dense = TINY_DS_DENSE + 2 * (64 - 16) * 8
@@ -424,39 +436,61 @@ def test_the_memory_hook_records_weights_gradients_and_adam_states(tmp_path, mon
 
 # --- checked against measurement (make test-full): a CPU run's bytes per rank and phase equal the plan's
 
+# One launch per run, each one step: the launcher, its verl base, the launcher's own settings (NPUS: ranks).
+QWEN_RANKS = RECIPES / "qwen2_5" / "run_qwen2_5_1_5b.sh"
+DEEPSEEK = RECIPES / "deepseek_r1" / "run_deepseek_r1_a3.sh"
+MEASURED_RUNS = {
+    # FSDP2 on one rank, vLLM in-process (0.6.0's sync rollout) and in its server (0.7.1)
+    "qwen-v060": (QWEN_SINGLE, "0.6.0", {}),
+    "qwen-v071": (QWEN_SINGLE, "0.7.1", {}),
+    # FSDP2 over 2 ranks: each parameter's dim 0 split, one vLLM server per rank
+    "qwen-2r-v071": (QWEN_RANKS, "0.7.1", {"NPUS": "2", "RAY_DEDUP_LOGS": "0"}),
+    # verl's Megatron actor on 2 ranks, EP=2: dense weights data-parallel, the experts split; the distributed
+    # optimizer's dense part over DP 2, its expert part over expert-DP 1
+    "deepseek-v060": (DEEPSEEK, "0.6.0", {}),
+    "deepseek-v071": (DEEPSEEK, "0.7.1", {}),
+}
+MEASURED_RANKS = {"qwen-2r-v071": 2, "deepseek-v060": 2, "deepseek-v071": 2}
+
 DRIVER = """
 import json, subprocess, sys
 from pathlib import Path
 from ascend_rl.harness import e2e, launch as hl
-from ascend_rl.paths import RECIPES, REPO
+from ascend_rl.paths import REPO
 
-out, record = Path(sys.argv[1]), Path(sys.argv[1]) / "memory.jsonl"
-launcher = RECIPES / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
-overrides = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
-model_dir, data_dir = e2e.prepare_inputs(out, warm_start_steps=300)
+out, name, launcher, base = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+extra, record = json.loads(sys.argv[5]), Path(sys.argv[1]) / "memory.jsonl"
+overrides = ["trainer.total_training_steps=1"]
+if name.startswith("deepseek"):
+    model_dir, data_dir = e2e.prepare_deepseek_inputs(out)
+else:
+    model_dir, data_dir = e2e.prepare_inputs(out, warm_start_steps=300)
 # the launch plan of exactly this launch (the harness's environment), then the launch with the hook on
-env = hl.launcher_env("memory", out, model_dir, data_dir, False)
+env = hl.launcher_env(name, out, model_dir, data_dir, False, base=base)
+env.update(extra)
 plan = subprocess.run(["bash", str(launcher), "--cpu", "--json", *overrides], env=env, cwd=REPO,
                       capture_output=True, text=True, timeout=900)
 assert plan.returncode == 0, plan.stderr[-3000:]
 (out / "plan.json").write_text(plan.stdout)
-hl.launch("memory", launcher, overrides, out, model_dir, data_dir, timeout_s=1500,
+hl.launch(name, launcher, overrides, out, model_dir, data_dir, timeout_s=1500, base=base, extra_env=extra,
           hook_env={"RECIPES_MEMORY_RECORD": str(record)})
 print(json.dumps({"model": str(model_dir)}))
 """
 
 
 @pytest.mark.full
-def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path):
-    """The single-card launcher's CPU profile (verl 0.7.1, FSDP2 on one rank, vLLM's CPU build in its server), two
-    steps with hooks/recipes_memory_record.py on: every optimizer step's actor weights, gradients and Adam states,
-    and the engine's weights and KV cache per token, equal the plan made from the same launch's dry-run JSON."""
+@pytest.mark.parametrize("run", list(MEASURED_RUNS))
+def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path, run):
+    """A launcher's CPU profile, one step with hooks/recipes_memory_record.py on: every rank's optimizer step (its
+    actor weights, gradients and optimizer states) and every vLLM engine (its weights, its KV cache per token) equal
+    the plan made from the same launch's dry-run JSON, that rank's figures where the plan has them per rank."""
     import subprocess
 
     from ascend_rl.paths import REPO, child_env
 
+    launcher, base, extra = MEASURED_RUNS[run]
     proc = subprocess.run(
-        [str(e2e_python), "-c", DRIVER, str(tmp_path)],
+        [str(e2e_python), "-c", DRIVER, str(tmp_path), run, str(launcher), base, json.dumps(extra)],
         cwd=REPO,
         env=child_env(),
         capture_output=True,
@@ -467,18 +501,24 @@ def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path
     model = json.loads(proc.stdout.strip().splitlines()[-1])["model"]
     settings = mp.settings_from_plan(json.loads((tmp_path / "plan.json").read_text()))
     cfg, _ = mp.model_config(model)
-    planned = mp.measured_terms(mp.plan(settings, cfg, mp.DIES["A2"]))
+    plan = mp.plan(settings, cfg, mp.die_for(settings))
     records = [json.loads(line) for line in (tmp_path / "memory.jsonl").read_text().splitlines()]
     assert not [r for r in records if "error" in r], records
     updates = [r for r in records if r["phase"] == "actor update"]
     engines = [r for r in records if r["phase"] == "generation"]
-    assert len(updates) >= 2 and engines, records  # two steps, one optimizer step each; an engine started
+    ranks = MEASURED_RANKS.get(run, 1)
+    # one optimizer step per rank (one step, one mini-batch); an engine per rank (rollout TP 1)
+    assert sorted(r["rank"] for r in updates) == list(range(ranks)), records
+    assert len(engines) >= ranks, records
     for r in updates:
+        planned = mp.measured_terms(plan, rank=r["rank"])
         measured = {k: r[k] for k in ("weights", "gradients", "optimizer_states")}
-        assert measured == {k: planned[k] for k in measured}, (r, planned)
+        assert measured == {k: planned[k] for k in measured}, (run, r, planned)
+    planned = mp.measured_terms(plan)
     for r in engines:
-        assert r["rollout_weights"] == planned["rollout_weights"], (r, planned)
+        assert r["rollout_weights"] == planned["rollout_weights"], (run, r, planned)
         assert r["kv_cache"] == r["num_blocks"] * r["block_size"] * planned["kv_cache_per_token"], (
+            run,
             r,
             planned,
         )

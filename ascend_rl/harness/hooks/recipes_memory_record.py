@@ -1,14 +1,21 @@
 """Test hook: the bytes each process of a CPU run holds in weights, gradients, optimizer states and KV cache, by phase.
 
 With RECIPES_MEMORY_RECORD=<file>, every process of the run appends one JSON line to <file>:
-- at each actor update's optimizer step (verl's DataParallelPPOActor._optimizer_step, on verl 0.6.0 and 0.7.1),
-  phase "actor update": its torch.distributed rank, the actor's weights (the local shard of every parameter, an
-  FSDP2 DTensor's to_local()), their gradients before the step and Adam's exp_avg / exp_avg_sq after it;
+- at each actor update's optimizer step, phase "actor update": its torch.distributed rank, the actor's weights,
+  their gradients before the step and the optimizer's states after it.
+  FSDP (verl's DataParallelPPOActor._optimizer_step, verl 0.6.0 and 0.7.1): the local shard of every parameter
+  (an FSDP2 DTensor's to_local()), its gradient, AdamW's exp_avg / exp_avg_sq.
+  Megatron (verl's MegatronPPOActor: its actor_optimizer.step(), wrapped per actor): the parameters, which the
+  DDP wrapper has made views of its contiguous param buffers when the distributed optimizer is on (so the
+  buffers are counted, padding included), their main_grad views of the fp32 grad buffers, and per optimizer of a
+  ChainedOptimizer (dense and expert-parallel) the fp32 main weights its inner torch optimizer steps (the
+  distributed optimizer's shards) with their exp_avg / exp_avg_sq;
 - when a vLLM engine allocates its KV cache (vLLM 0.13's GPUModelRunner.initialize_kv_cache, which the CPU model
   runner inherits), phase "generation": the engine's weights, the KV cache tensors and their block count.
 They are sums of tensor sizes (each storage once), the quantities ascend_rl/memory_plan.py plans: the plan made
-from the same launch settings must equal them (tests/launch/test_plan_memory.py, full tier). Everything here is
-best effort: a failure to record never reaches the run.
+from the same launch settings must equal them (tests/launch/test_plan_memory.py, full tier). Beside them, for
+reading a disagreement: param_numel (the parameters' elements, no padding) and, for Megatron, main_params (the
+optimizer's fp32 main weights alone). Everything here is best effort: a failure to record never reaches the run.
 """
 
 import os
@@ -18,7 +25,13 @@ from recipes_hook_util import append_json_line, install
 ENV = "RECIPES_MEMORY_RECORD"
 _RECORD = os.environ.get(ENV)
 _ACTOR = "verl.workers.actor.dp_actor"
+_MEGATRON_ACTOR = "verl.workers.actor.megatron_actor"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
+
+
+def _local(t):
+    """A DTensor's local shard, any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _nbytes(tensors):
@@ -27,7 +40,7 @@ def _nbytes(tensors):
     for t in tensors:
         if t is None:
             continue
-        t = t.to_local() if hasattr(t, "to_local") else t
+        t = _local(t)
         try:
             key = (t.untyped_storage().data_ptr(), t.device)
             size = t.untyped_storage().nbytes()
@@ -62,23 +75,91 @@ def _patch_actor(module):
     def _optimizer_step(self, *args, **kwargs):
         try:
             params = list(self.actor_module.parameters())
-            before = {"weights": _nbytes(params), "gradients": _nbytes(p.grad for p in params)}
+            before = {
+                "weights": _nbytes(params),
+                "gradients": _nbytes(p.grad for p in params),
+                "param_numel": sum(_local(p).numel() for p in params),
+                "strategy": "fsdp",
+            }
         except Exception as exc:  # noqa: BLE001
             before = {"error": repr(exc)}
         out = step(self, *args, **kwargs)
         try:
-            states = [
-                value
-                for state in self.actor_optimizer.state.values()
-                for key, value in state.items()
-                if key in ("exp_avg", "exp_avg_sq")
-            ]
+            states = _adam_states([self.actor_optimizer])
             _write({"phase": "actor update", **before, "optimizer_states": _nbytes(states)})
         except Exception as exc:  # noqa: BLE001
             _write({"phase": "actor update", "error": repr(exc)})
         return out
 
     cls._optimizer_step = _optimizer_step
+
+
+def _adam_states(optimizers):
+    """AdamW's exp_avg / exp_avg_sq of the torch optimizers given."""
+    return [
+        value
+        for opt in optimizers
+        for state in opt.state.values()
+        for key, value in state.items()
+        if key in ("exp_avg", "exp_avg_sq")
+    ]
+
+
+def _megatron_step(actor, step):
+    """actor_optimizer.step of a MegatronPPOActor, recording the actor's state around it."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            params = [p for chunk in actor.actor_module for p in chunk.parameters()]
+            grads = [
+                getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None else p.grad
+                for p in params
+            ]
+            before = {
+                "weights": _nbytes(params),
+                "gradients": _nbytes(grads),
+                "param_numel": sum(_local(p).numel() for p in params),
+                "strategy": "megatron",
+            }
+        except Exception as exc:  # noqa: BLE001
+            before = {"error": repr(exc)}
+        out = step(*args, **kwargs)
+        try:
+            # a ChainedOptimizer (dense + expert-parallel) or one Megatron optimizer; each wraps a torch optimizer
+            # whose param_groups hold the fp32 main weights (the distributed optimizer: this rank's shard of them)
+            megatron_opts = getattr(actor.actor_optimizer, "chained_optimizers", None) or [
+                actor.actor_optimizer
+            ]
+            inner = [o.optimizer for o in megatron_opts]
+            mains = [p for opt in inner for group in opt.param_groups for p in group["params"]]
+            _write(
+                {
+                    "phase": "actor update",
+                    **before,
+                    "optimizer_states": _nbytes(mains + _adam_states(inner)),
+                    "main_params": _nbytes(mains),
+                }
+            )
+        except Exception as exc:  # noqa: BLE001
+            _write({"phase": "actor update", "error": repr(exc)})
+        return out
+
+    return wrapped
+
+
+def _patch_megatron_actor(module):
+    cls = getattr(module, "MegatronPPOActor", None)
+    if cls is None:
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opt = getattr(self, "actor_optimizer", None)
+        if opt is not None:  # the reference's MegatronPPOActor has none
+            opt.step = _megatron_step(self, opt.step)
+
+    cls.__init__ = __init__
 
 
 def _patch_runner(module):
@@ -120,6 +201,6 @@ def _patch_runner(module):
 
 if _RECORD:
     install(
-        {_ACTOR: _patch_actor, _RUNNER: _patch_runner},
+        {_ACTOR: _patch_actor, _MEGATRON_ACTOR: _patch_megatron_actor, _RUNNER: _patch_runner},
         lambda module, exc: _write({"phase": "hook", "error": repr(exc)}),
     )
