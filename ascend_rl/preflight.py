@@ -905,8 +905,9 @@ def check_memory(cfg, recipe: str, cpu: bool = False):
         return Check("memory", "skipped", f"trainer.device={device}: no NPU die to plan against"), None
     try:
         plan = memory_plan.plan_launch(memory_plan.settings_from_config(cfg, recipe))
-    except (ValueError, KeyError, OSError, ZeroDivisionError) as exc:
-        return Check("memory", "skipped", f"not planned: {exc}"), None
+    except (ValueError, KeyError, IndexError, OSError, ArithmeticError) as exc:
+        # a layout the other checks refuse (NNODES that does not divide the devices) cannot be planned either
+        return Check("memory", "skipped", f"not planned: {type(exc).__name__}: {exc}"), None
     refusal = plan.refusal()
     if refusal and os.environ.get(MEMORY_OVERRIDE) == "warn":
         return Check("memory", "warn", f"{refusal}; launching anyway ({MEMORY_OVERRIDE}=warn)"), plan
