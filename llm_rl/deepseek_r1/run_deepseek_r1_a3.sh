@@ -234,14 +234,15 @@ if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   } >&"$NODES_FD"
   exit 0
 fi
-# The NPU cluster, or CPU nodes (NNODES > 1): every node's ray_start.sh has run; wait until all joined. One CPU
-# machine (NNODES=1): main_ppo starts its own Ray. CPU nodes must each offer the lowercase `cpu` resource per
-# rank (ray_start.sh --cpu does): verl's placement bundles ask for it and would otherwise wait forever.
-if [ "$PROFILE" != cpu ]; then
-  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}"
-elif [ "$NNODES" != 1 ]; then
+# The NPU cluster, or CPU nodes (NNODES > 1): every node's ray_start.sh has run; wait until all joined and every
+# node offers one of the resource verl's placement bundles ask per rank (`NPU` on NPUs, the lowercase `cpu` on CPU
+# nodes: ray_start.sh --cpu offers it), else a bundle would wait forever. One CPU machine (NNODES=1): main_ppo
+# starts its own Ray.
+if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
+  RANK_RESOURCE=NPU
+  [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
   "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
-    --resource "cpu=$NPUS_PER_NODE"
+    --resource "$RANK_RESOURCE=$NPUS_PER_NODE"
 fi
 # Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse
 # now, in one line naming the nodes, unless every node sees the folder the head sees (a node-local disk would leave

@@ -221,3 +221,26 @@ def test_ray_start_dry_run_exports_the_interface_and_npu_resources(tmp_path, ver
     assert "--address=10.1.2.3:6379" in worker.stdout
     bad = _run(DEEPSEEK / "ray_start.sh", ["--head", "--dry-run"], {**env, "SOCKET_IFNAME": "no-such-if0"})
     assert bad.returncode == 1 and "interface 'no-such-if0' has no IPv4 address" in bad.stderr
+
+
+@pytest.mark.skipif(bool(list(Path("/dev").glob("davinci[0-9]*"))), reason="this host has an NPU")
+@pytest.mark.parametrize("npus", ["16", "8"])
+def test_deepseek_npu_launch_waits_for_every_node_to_offer_its_npus(tmp_path, verl_tree, npus):
+    """On NPUs the launcher waits for NNODES nodes each offering NPUS_PER_NODE `NPU` (what verl's bundles ask of a
+    rank), before the trainer: the stand-in python passes the preflight and records the wait's arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    asked = tmp_path / "wait.args"
+    _stub(
+        bin_dir / "python3",
+        'if [ "$1 $2 $3" = "-m ascend_rl preflight" ]; then exit 0; fi\n'
+        f'if [ "$1 $2 $3 $4" = "-m ascend_rl ray_cluster wait" ]; then shift 4; echo "$*" > "{asked}"; exit 9; fi\n'
+        'if [ "$1 $2" = "-m verl.trainer.main_ppo" ]; then echo "stub trainer started"; exit 7; fi\n'
+        f'exec "{sys.executable}" "$@"\n',
+    )
+    env = _env(tmp_path, verl_tree, NNODES="2", NPUS_PER_NODE=npus)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    proc = _run(LAUNCHERS[2], [], env)
+    assert proc.returncode == 9, proc.stdout + proc.stderr  # the wait's failure ends the launch
+    assert asked.read_text().split() == ["--nodes", "2", "--timeout", "60", "--resource", f"NPU={npus}"]
+    assert "stub trainer started" not in proc.stdout
