@@ -202,9 +202,11 @@ def launch(
         )
         err.measured = done  # the kills read a failed run's wall time and memory from it
         raise err
+    # run through cmd_prefix (nsenter into a node), the launcher's tree holds the driver, not the nodes' Ray workers
+    whose = "the launcher's own processes; the nodes' follow" if cmd_prefix else "all its processes"
     print(
         f"{prefix}: {name}: {len(rows)} steps in {done.wall_s:.0f} s, peak memory {done.peak_pss_gib:.1f} GiB "
-        f"(PSS of all its processes; summed RSS {done.peak_rss_gib:.1f} GiB)"
+        f"(PSS of {whose}; summed RSS {done.peak_rss_gib:.1f} GiB)"
     )
     resumed_from = resumed_step(checkpoint_at_start, rows)
     return RunResult(

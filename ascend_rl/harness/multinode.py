@@ -300,6 +300,13 @@ def launch_on_cluster(
     result.wall_s = record["total_s"]
     result.peak_pss_gib = memory.peak_pss / 2**30
     result.peak_rss_gib = memory.peak_rss / 2**30
+    at_peak = ", ".join(f"{node} {gib:.1f}" for node, gib in record["pss_gib_at_peak"].items())
+    print(
+        f"e2e: {name}: {nodes} nodes in {result.wall_s:.0f} s from cluster up to down, peak memory "
+        f"{result.peak_pss_gib:.1f} GiB (PSS of every process on the nodes: {at_peak}; summed RSS "
+        f"{result.peak_rss_gib:.1f} GiB)",
+        flush=True,
+    )
     return result
 
 
