@@ -87,6 +87,10 @@ RUN_RANKS = {"qwen-2r": 2}
 RUN_BASE["qwen-2r"] = "0.7.1"
 QWEN_RANKS_LAUNCHER = QWEN_LAUNCHER.with_name("run_qwen2_5_1_5b.sh")
 RESUMES = {"resume": "sync", "v071-resume": "v071"}
+# Runs that score through another reward path than the launcher's: the README's batched path on verl 0.6.0 (its
+# BatchRewardManager hands compute_score_batch a step's lists; the per-answer manager would hand it one string each
+# and the run would fail). verl 0.7.1 has no batch manager (the Qwen README says where).
+REWARD_PATHS = {"resume": ("batch", "compute_score_batch")}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -237,6 +241,9 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
         "trainer.save_freq=2" if name in RESUMES.values() else "trainer.save_freq=-1",
         "trainer.resume_mode=auto" if name in RESUMES else "trainer.resume_mode=disable",
     ]
+    if name in REWARD_PATHS:
+        manager, function = REWARD_PATHS[name]
+        overrides += [f"reward_model.reward_manager={manager}", f"custom_reward_function.name={function}"]
     if name in RUN_RANKS:
         # a checkpoint at the last step: each FSDP rank writes its own shard, named by the world size
         overrides.append(f"trainer.save_freq={args.steps}")
@@ -335,6 +342,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
             "peak_rss_gib": round(r.peak_rss_gib, 2),
             "peak_pss_gib": round(r.peak_pss_gib, 2),
         }
+        runs[r.name]["reward_path"] = reward_path(args.out / r.name / "launcher.log")
         if r.name in DEEPSEEK_RUNS:
             runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
         if r.name in MULTINODE_RUNS:
@@ -471,6 +479,27 @@ def rank_figures(rows: list[dict], run_dir: Path) -> dict:
     }
 
 
+def reward_path(log: Path) -> str | None:
+    """`manager/function`, from the config verl prints as its TaskRunner starts (the last setting of each wins in
+    the config, so this is what load_reward_manager was given); None when the log has no such print."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    managers = re.findall(r"'reward_manager': '([\w.-]+)'", text)
+    functions = re.findall(r"'custom_reward_function': \{'name': '([\w.-]+)'", text)
+    return f"{managers[-1]}/{functions[-1]}" if managers and functions else None
+
+
+def check_reward_path(name: str, run: dict) -> dict:
+    """The run scored every step through the reward path it asked for (REWARD_PATHS)."""
+    want = "/".join(REWARD_PATHS[name])
+    scored = bool(run["reward_mean"]) and all(r is not None for r in run["reward_mean"])
+    return {
+        "run": name,
+        "check": "reward path",
+        "ok": run["reward_path"] == want and scored,
+        "detail": f"{run['reward_path']} (want {want}); reward per step {run['reward_mean']}",
+    }
+
+
 def check_ranks(name: str, run: dict, ranks: int) -> list[dict]:
     """The run trained on `ranks` FSDP ranks (every step and the checkpoint say so) with one vLLM server each."""
     dp, ckpt, servers = run["dp_ranks"], run["checkpoint"], run["rollout_servers"]
@@ -546,6 +575,8 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             results.append(check_nodes(name, run))
         if name in RUN_RANKS:
             results += check_ranks(name, run, RUN_RANKS[name])
+        if name in REWARD_PATHS:
+            results.append(check_reward_path(name, run))
         gap = run["gap"]
         stale, rollout = run[f"stale_{gap}_diff_mean"][-1], run[f"rollout_{gap}_diff_mean"][-1]
         if stale is None or rollout is None:

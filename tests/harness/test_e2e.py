@@ -101,6 +101,9 @@ def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_matrix):
     assert runs["resume"]["resumed_from_step"] == 2
     assert runs["resume"]["steps_done"] == [3]
     assert (out / "sync" / "ckpt" / "e2e_sync" / "global_step_2" / "actor").is_dir()
+    # the README's batched reward path on 0.6.0 scored the resumed step; the others the launcher's per-answer one
+    assert runs["resume"]["reward_path"] == "batch/compute_score_batch"
+    assert runs["sync"]["reward_path"].startswith("naive/")
     assert all(c["ok"] for c in summary["checks"]), summary["checks"]
 
 
