@@ -294,6 +294,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.optimizer_offload": False,
     "actor_rollout_ref.actor.megatron.use_distributed_optimizer": True,
     "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
+    # verl's DDP config (megatron_utils.get_model) sets it True; override_ddp_config can turn it off
+    "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32": True,
     "actor_rollout_ref.ref.megatron.param_offload": False,
     "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
@@ -739,10 +741,14 @@ def plan(
 
     # --- the actor's and reference's state, and what each training rank of the stage holds of it
     rank_terms: dict[int, dict[str, int]] = {}
+    main_grads: Term | None = None  # Megatron's fp32 copy of bf16 grads in the optimizer step
     if lay.strategy == "megatron":
         assert train_layout is not None
         m, mref = a + "megatron.", "actor_rollout_ref.ref.megatron."
-        param_b, grad_b = 2, 4  # bf16 weights; fp32 grad buffer (verl sets grad_reduce_in_fp32)
+        # bf16 weights; an fp32 grad buffer unless override_ddp_config.grad_reduce_in_fp32=False (verl sets it True;
+        # the original system's MindSpeed trainer left Megatron's accumulate_allreduce_grads_in_fp32 at False)
+        grad_fp32 = bool(s[m + "override_ddp_config.grad_reduce_in_fp32"])
+        param_b, grad_b = 2, (4 if grad_fp32 else 2)
         # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
         # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
         # main weights + Adam's two moments of the elements in its rank's part of each
@@ -763,6 +769,20 @@ def plan(
                     "optimizer_states": 12 * (dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]) // swap,
                 }
         opt = max(t["optimizer_states"] for t in rank_terms.values())
+        if dist and not grad_fp32:
+            # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
+            # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
+            owned = max(
+                dense_buf.owned[d] + expert_buf.owned[e]
+                for d, e in (mcore_rank_groups(r, lay)[1:] for r in rank_terms)
+            )
+            main_grads = Term(
+                "fp32 main grads",
+                4 * owned // swap,
+                "the optimizer step's fp32 copy of the rank's part of the bf16 grads (activations freed)"
+                + (f", 1/{swap} at a time with swap_optimizer" if swap > 1 else ""),
+                estimate=True,
+            )
         opt_how = (
             f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
             f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
@@ -782,7 +802,11 @@ def plan(
             (n_buf if dist else n_local) * param_b,
             f"{n_local / 1e9:.3f}B params x {param_b} B{pad}, {shard}",
         )
-        grads = Term("actor gradients", n_buf * grad_b, f"fp32 grad buffer{pad}, {shard}")
+        grads = Term(
+            "actor gradients",
+            n_buf * grad_b,
+            f"{'fp32' if grad_fp32 else 'bf16'} grad buffer{pad} (grad_reduce_in_fp32={grad_fp32}), {shard}",
+        )
         ref_w = Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)")
     else:
         f = a + "fsdp_config."
@@ -1018,6 +1042,11 @@ def plan(
             note="weights, gradients, optimizer states onto the die",
         ),
         Phase("actor update", [*stay, actor_w, grads, optim, train_act, *ref_resident]),
+        *(
+            [Phase("optimizer step", [*stay, actor_w, grads, optim, main_grads, *ref_resident])]
+            if main_grads
+            else []
+        ),
         Phase(
             "offload actor",
             [*stay, *([actor_w] if (explicit or not p_off) else []), *opt_resident, *ref_resident],

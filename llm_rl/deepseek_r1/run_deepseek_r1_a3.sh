@@ -134,6 +134,10 @@ OVERRIDES=(
   +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_rotary_pos_emb=True
   +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_swiglu=True
   +actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True
+  # Gradients accumulated and reduced in bf16, as in the original's trainer (its MindSpeed config leaves Megatron's
+  # accumulate_allreduce_grads_in_fp32 at False). verl's own DDP config says fp32: at TP4 PP8 EP8 that is a 44 GiB
+  # gradient buffer per die and an update over the A3 die's 64 GiB (plan_memory; README, "Memory per die").
+  +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=False
   actor_rollout_ref.rollout.name=vllm
   actor_rollout_ref.rollout.n=16
   actor_rollout_ref.rollout.tensor_model_parallel_size=2

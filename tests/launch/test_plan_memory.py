@@ -522,3 +522,28 @@ def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path
             r,
             planned,
         )
+
+
+def test_the_deepseek_default_fits_an_a3_die_with_bf16_gradients_and_not_with_verls_fp32(tmp_path, verl_tree):
+    """The DeepSeek launcher's own dry-run plan (TP4 PP8 EP8 on 256 dies): its gradients reduced in bf16, as the
+    original's trainer did, keep the actor update under the A3 die's limit; verl's fp32 default would not."""
+    from launcher_env import launcher_env, run_launcher
+
+    proc = run_launcher(DEEPSEEK, ["--dry-run", "--json"], launcher_env(tmp_path, verl_tree))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    settings = mp.settings_from_plan(json.loads(proc.stdout))
+    key = "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32"
+    assert settings[key] is False
+    bf16 = mp.plan_launch(settings)
+    fp32 = mp.plan_launch(dict(settings, **{key: True}))
+    assert bf16.refusal() is None, bf16.refusal()
+
+    def terms(plan, phase):
+        return {t.name: t.nbytes for t in next(p for p in plan.phases if p.name == phase).terms}
+
+    bf16_grads, fp32_grads = (terms(p, "actor update")["actor gradients"] for p in (bf16, fp32))
+    assert fp32_grads == 2 * bf16_grads  # 4 B against 2 B a parameter
+    assert fp32.refusal() is not None and "actor gradients" in fp32.refusal()
+    # the step's fp32 copy of the rank's grad part (swap_optimizer: 1/16 at a time) is a phase of its own
+    assert "fp32 main grads" in terms(bf16, "optimizer step")
+    assert "optimizer step" not in {p.name for p in fp32.phases}
