@@ -239,19 +239,29 @@ def _watch(args: argparse.Namespace) -> int:
     # SIGTERM (the launcher, once main_ppo has ended): stop at the next look, not in the middle of ending a
     # driver and saying why, so the line always reaches the log
     stopping = []
-    before = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+
+    def hold_sigterm() -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+
+    before = signal.getsignal(signal.SIGTERM)
+    hold_sigterm()
     try:
         return _watch_until(
-            args, lambda: not stopping and (args.while_pid is None or process_running(args.while_pid))
+            args,
+            lambda: not stopping and (args.while_pid is None or process_running(args.while_pid)),
+            hold_sigterm,
         )
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
-def _watch_until(args: argparse.Namespace, keep_going) -> int:
+def _watch_until(args: argparse.Namespace, keep_going, hold_sigterm) -> int:
     import ray
 
     alive = ray_alive_nodes(args.address)  # connects
+    # ray.init sets its own SIGTERM handler (sys.exit): the launcher's SIGTERM, sent once main_ppo has ended, would
+    # then end the watch between ending the driver and writing why (seen: the node-lost run's log without its line)
+    hold_sigterm()
     found = watch_run(
         ray.util.placement_group_table,
         ray.nodes if args.lost_node else alive,  # every node, dead ones with Ray's reason, for --lost-node

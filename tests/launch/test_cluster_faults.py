@@ -338,3 +338,25 @@ def test_worker_never_joins_resource_mismatch_and_pending_group_each_end_in_one_
         + "; ".join(f"{r['check']}: {r['seconds']}s" for r in no_worker + resource + pending)
     )
     print("\n".join(r["line"] for r in no_worker + resource + pending))
+
+
+def test_the_watch_writes_why_it_ended_a_run_even_when_the_launchers_sigterm_comes_first(monkeypatch, capsys):
+    """ray.init replaces the SIGTERM handler with sys.exit: the watch takes it back once connected, so the
+    launcher's SIGTERM (sent as soon as main_ppo ends) lets it write its line first (a node-lost run lost it)."""
+    import signal
+
+    def connect(address):  # what ray.init does to the handler
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        return lambda: 2
+
+    def lost(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's, while the watch still has its line to write
+        return "lost", {"NodeManagerAddress": "198.18.0.2"}, "node 198.18.0.2 was lost in step 2"
+
+    monkeypatch.setattr(cli, "ray_alive_nodes", connect)
+    monkeypatch.setattr(cli, "watch_run", lost)
+    before = signal.getsignal(signal.SIGTERM)
+    args = cli.parse_args(["watch", "--pending-timeout", "5", "--lost-node"])
+    assert cli._watch(args) == 1
+    assert "ray_cluster: error: node 198.18.0.2 was lost in step 2; end the run" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
