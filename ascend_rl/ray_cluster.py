@@ -338,23 +338,6 @@ def group_job(group_id: str) -> str:
     return group_id[-8:]
 
 
-def watch_groups(
-    read_groups: Callable[[], dict[str, dict]],
-    read_nodes: Callable[[], list[dict]],
-    pending_timeout: float,
-    interval: float = 2.0,
-    keep_going: Callable[[], bool] = lambda: True,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[dict, str] | None:
-    """Poll placement_group_table() until a group has been PENDING (or RESCHEDULING) for `pending_timeout`
-    seconds since this watch first saw it so: then (the group, a one-line reason naming its bundles, why no
-    node holds them and what every node offers). None once keep_going() is false. (watch_run without the
-    nodes' loss.)"""
-    found = watch_run(read_groups, read_nodes, pending_timeout, interval, keep_going, sleep, clock)
-    return None if found is None else (found[1], found[2])
-
-
 def process_running(pid: int) -> bool:
     """The process exists and is not a zombie (this PID namespace's /proc)."""
     try:

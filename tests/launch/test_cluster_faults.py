@@ -167,7 +167,7 @@ def test_watch_says_one_line_once_a_group_stayed_pending_for_its_timeout():
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    found = ray_cluster.watch_groups(
+    found = ray_cluster.watch_run(
         lambda: {"g": _group(state=next(states))},
         lambda: nodes,
         30,
@@ -176,7 +176,8 @@ def test_watch_says_one_line_once_a_group_stayed_pending_for_its_timeout():
         clock=lambda: now[0],
     )
     assert found is not None
-    group, line = found
+    kind, group, line = found
+    assert kind == "pending"
     # pending from t=40 (the CREATED at t=30 reset the count): said at t=70, not before
     assert now[0] == 70 and group["name"] == "global_pool_0"
     assert line == (
@@ -184,7 +185,7 @@ def test_watch_says_one_line_once_a_group_stayed_pending_for_its_timeout():
         "node offers cpu 2 on one node (STRICT_PACK); the nodes offer: 10.0.0.1 {CPU: 2, NPU: 1}"
     )
     # a watch whose run ended: no line
-    assert ray_cluster.watch_groups(lambda: {}, lambda: nodes, 30, keep_going=lambda: False) is None
+    assert ray_cluster.watch_run(lambda: {}, lambda: nodes, 30, keep_going=lambda: False) is None
 
 
 def test_watch_command_says_one_line_and_logs_it_or_ends_with_the_pid_it_watches(
