@@ -760,22 +760,21 @@ def plan(
         n_local = dense_n + expert_n
         n_buf = dense_buf.numel + expert_buf.numel
         swap = 16 if bool(s[m + "override_transformer_config.swap_optimizer"]) else 1
+        owned = 0  # the most parameter values a rank of the stage owns in the distributed optimizer
         for rank in range(lay.world):
             st, dp_rank, edp_rank = mcore_rank_groups(rank, lay)
             if st == stage:
+                rank_owned = dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]
+                owned = max(owned, rank_owned)
                 rank_terms[rank] = {
                     "weights": n_buf * param_b if dist else n_local * param_b,
                     "gradients": n_buf * grad_b,
-                    "optimizer_states": 12 * (dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]) // swap,
+                    "optimizer_states": 12 * rank_owned // swap,
                 }
         opt = max(t["optimizer_states"] for t in rank_terms.values())
         if dist and not grad_fp32:
             # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
             # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
-            owned = max(
-                dense_buf.owned[d] + expert_buf.owned[e]
-                for d, e in (mcore_rank_groups(r, lay)[1:] for r in rank_terms)
-            )
             main_grads = Term(
                 "fp32 main grads",
                 4 * owned // swap,
