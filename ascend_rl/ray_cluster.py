@@ -241,7 +241,13 @@ def node_offers(node: dict, asked: tuple[str, ...] = ()) -> str:
 def check_resources(nodes: list[dict], wanted: list[tuple[str, float]]) -> None:
     """Every alive node of ray.nodes() offers at least each (name, count) of `wanted`; else a one-line
     ClusterError naming what was asked, which node falls short, and what every node offers."""
-    alive = [node for node in nodes if node.get("Alive")]
+    # by address, so the line reads the same whatever order ray.nodes() returns them in (it varies)
+    alive = sorted(
+        (node for node in nodes if node.get("Alive")),
+        key=lambda node: [
+            int(p) if p.isdigit() else p for p in str(node.get("NodeManagerAddress", "")).split(".")
+        ],
+    )
     asked = tuple(name for name, _ in wanted)
     short = []
     for node in alive:
