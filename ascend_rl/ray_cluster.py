@@ -238,16 +238,20 @@ def node_offers(node: dict, asked: tuple[str, ...] = ()) -> str:
     return f"{node.get('NodeManagerAddress', '?')} {{{inner}}}"
 
 
-def check_resources(nodes: list[dict], wanted: list[tuple[str, float]]) -> None:
-    """Every alive node of ray.nodes() offers at least each (name, count) of `wanted`; else a one-line
-    ClusterError naming what was asked, which node falls short, and what every node offers."""
-    # by address, so the line reads the same whatever order ray.nodes() returns them in (it varies)
-    alive = sorted(
-        (node for node in nodes if node.get("Alive")),
+def by_address(nodes) -> list[dict]:
+    """Nodes in address order, so a line reads the same whatever order ray.nodes() returns them in (it varies)."""
+    return sorted(
+        nodes,
         key=lambda node: [
             int(p) if p.isdigit() else p for p in str(node.get("NodeManagerAddress", "")).split(".")
         ],
     )
+
+
+def check_resources(nodes: list[dict], wanted: list[tuple[str, float]]) -> None:
+    """Every alive node of ray.nodes() offers at least each (name, count) of `wanted`; else a one-line
+    ClusterError naming what was asked, which node falls short, and what every node offers."""
+    alive = by_address(node for node in nodes if node.get("Alive"))
     asked = tuple(name for name, _ in wanted)
     short = []
     for node in alive:
@@ -473,7 +477,7 @@ def watch_run(
                 nodes = [node for node in read_nodes() if node.get("Alive")]
                 line = (
                     f"{describe_group(group)} pending for {pending_timeout:g}s: {why_unplaced(group, nodes)}; "
-                    f"the nodes offer: {'; '.join(node_offers(n) for n in nodes) or 'no alive node'}"
+                    f"the nodes offer: {'; '.join(node_offers(n) for n in by_address(nodes)) or 'no alive node'}"
                 )
                 return "pending", group, line
         sleep(interval)
