@@ -24,7 +24,9 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   (``0.1\\overline{6}`` = 1/6), complex numbers (``\\frac{3+4i}{5}`` = 0.6+0.8i), inequalities either way
   round and as intervals (``3>x>-2`` = ``(-2,3)``), numerals with a base (``1011_3`` is not ``1011_2``),
   degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
-  must agree in value.
+  must agree in value; square roots of rationals (``\\sqrt{12}`` = ``2\\sqrt{3}``, ``\\frac{1}{1+\\sqrt{2}}`` =
+  ``\\sqrt{2}-1``), and ``\\pi`` and single letters as unknowns (``(x+2)(x+5)`` = ``x^2+7x+10``: equal rational
+  functions, compared at two fixed points where each unknown is a rational), points element by element.
 
 Needs Python >= 3.10 and math_verify (``pip install math-verify==0.9.0``; Linux).  Without them the first call
 raises ``MathVerifyUnavailable``, saying what is missing and the line that installs it: a reward that scored
@@ -547,9 +549,98 @@ _PERIODS = (  # how the repeating digits of a decimal are marked: 0.1\overline{6
     r"\((\d+)\)",
 )
 _REPEATING_RE = re.compile(r"(\d*)\.(\d*)(?:" + "|".join(_PERIODS) + ")")
-_EXACT_TOKEN_RE = re.compile(r"(\d+\.\d+|\d+|\.\d+)|(\\frac|\\cdot|\\times|\\div|[-+*/^(){}i])")
+# _norm drops spaces: x\cdot y and \pi r arrive as x\cdoty and \pir, so a letter may follow those four commands
+_EXACT_TOKEN_RE = re.compile(
+    r"(\d+\.\d+|\d+|\.\d+)|(\\(?:frac|sqrt)(?![a-zA-Z])|\\(?:cdot|times|div|pi)|[-+*/^(){}]|i(?![a-zA-Z])|[a-df-hj-z](?![a-zA-Z({]))"
+)
 _MAX_EXACT_POWER = 64
 MAX_EXACT_BITS = 4096
+MAX_SURD_TERMS = 16  # a value with more distinct square roots than this is left to sympy
+MAX_RADICAND = 10**9  # \sqrt{n}: n's square part is found by trial division up to 1000, exact below 10^9
+_SMALL_PRIMES = [p for p in range(2, 1000) if all(p % q for q in range(2, math.isqrt(p) + 1))]
+# Letters (not e: Euler's number, nor i) and \pi are indeterminates: two answers built from them by + - * / and
+# whole powers are the same rational function when they agree at two unrelated points, where each stands for
+# an arbitrary rational (pi is transcendental, so an identity in pi holds only as an identity in a variable).
+_POINTS = {
+    name: (Fraction(1009 + 7919 * k, 97 + 2 * k), Fraction(-(7927 + 104_729 * k), 331 + 6 * k))
+    for k, name in enumerate([*"abcdfghjklmnopqrstuvwxyz", "\\pi"], start=1)
+}
+
+# A value: {squarefree radicand m: complex rational coefficient of sqrt(m)}, {} for zero; 1 for the rational part.
+_Surd = dict[int, tuple[Fraction, Fraction]]
+_ONE: _Surd = {1: (Fraction(1), Fraction(0))}
+
+
+def _rational(x: _Surd) -> tuple[Fraction, Fraction] | None:
+    """x as a complex rational, None when it holds a square root."""
+    if not x:
+        return Fraction(0), Fraction(0)
+    return x.get(1) if len(x) == 1 else None
+
+
+def _sadd(x: _Surd, y: _Surd, sign: int) -> _Surd:
+    out = dict(x)
+    for m, (a, b) in y.items():
+        c, d = out.get(m, (_ZERO, _ZERO))
+        coef = _small((c + a, d + b) if sign > 0 else (c - a, d - b))
+        if coef[0] or coef[1]:
+            out[m] = coef
+        else:
+            out.pop(m, None)
+    if len(out) > MAX_SURD_TERMS:
+        raise ValueError("too many square roots")
+    return out
+
+
+def _smul(x: _Surd, y: _Surd) -> _Surd:
+    out: _Surd = {}
+    for m1, c1 in x.items():
+        for m2, c2 in y.items():
+            g = math.gcd(m1, m2)  # sqrt(m1) sqrt(m2) = g sqrt(m1 m2 / g^2), squarefree again
+            term = _cmul(c1, c2)
+            out = _sadd(out, {(m1 // g) * (m2 // g): (term[0] * g, term[1] * g)}, 1)
+    return out
+
+
+def _sdiv(x: _Surd, y: _Surd) -> _Surd:
+    """x / y; y holds at most two square roots (its conjugate clears them), else ValueError."""
+    if not y:
+        raise ValueError("division by zero")
+    if len(y) == 2:  # (u + v)(u - v) = u^2 - v^2 has no square root left
+        (m1, c1), (m2, c2) = y.items()
+        conjugate = {m1: c1, m2: (-c2[0], -c2[1])}
+        return _sdiv(_smul(x, conjugate), _smul(y, conjugate))
+    if len(y) != 1:
+        raise ValueError("not an exact division")
+    ((m, c),) = y.items()  # x / (c sqrt(m)) = x sqrt(m) / (c m)
+    return _smul(x, {m: _cdiv((Fraction(1), Fraction(0)), (c[0] * m, c[1] * m))})
+
+
+def _sqrt(q: Fraction) -> _Surd:
+    """sqrt(q) for a rational q >= 0, its radicand squarefree: sqrt(12) = 2 sqrt(3)."""
+    if q < 0:
+        raise ValueError("the square root of a negative number is left to math_verify")
+    n = q.numerator * q.denominator  # sqrt(n/d) = sqrt(n d) / d
+    if not n:
+        return {}
+    if n >= MAX_RADICAND:
+        raise ValueError("radicand too large to factor here")
+    square, free = 1, 1
+    for p in _SMALL_PRIMES:
+        if p * p > n:
+            break
+        while n % (p * p) == 0:
+            n //= p * p
+            square *= p
+        if n % p == 0:
+            n //= p
+            free *= p
+    root = math.isqrt(n)  # what is left has no factor below 1000 and is below 10^9: a prime, two, or a square
+    if root * root == n:
+        square *= root
+    else:
+        free *= n
+    return {free: (Fraction(square, q.denominator), Fraction(0))}
 
 
 def _repeating(m: re.Match) -> Fraction:
@@ -568,7 +659,9 @@ def _repeating(m: re.Match) -> Fraction:
 
 
 class _Exact:
-    """Exact value of arithmetic on rationals and i (numbers, repeating decimals, \\frac, + - * / ^, brackets)."""
+    """Exact value of arithmetic on rationals, i, square roots of rationals, \\pi and letters: numbers, repeating
+    decimals, \\frac, \\sqrt{}, + - * / ^ (whole powers), brackets.  A letter or \\pi takes the value the point
+    gives it; `symbols` counts those read."""
 
     def __init__(self, text: str) -> None:
         self.tokens: list[tuple[str, str]] = []
@@ -584,14 +677,15 @@ class _Exact:
                 raise ValueError("not exact arithmetic")
             self.tokens.append(("num", m.group(1)) if m.group(1) else ("op", m.group(2)))
             pos = m.end()
-        self.i = 0
         self.exact = True
+        self.symbols = 0
 
-    def value(self) -> _Value:
-        re_, im = self._sum()
+    def value(self, point: int = 0) -> _Surd:
+        self.i, self.point, self.symbols = 0, point, 0
+        value = self._sum()
         if self.i != len(self.tokens):
             raise ValueError("trailing tokens")
-        return _Value(re_, im, self.exact)
+        return value
 
     def _peek(self) -> str | None:
         return self.tokens[self.i][1] if self.i < len(self.tokens) else None
@@ -601,78 +695,114 @@ class _Exact:
             raise ValueError(f"expected {expected}")
         self.i += 1
 
-    def _sum(self) -> tuple[Fraction, Fraction]:
-        a, b = self._product()
+    def _sum(self) -> _Surd:
+        value = self._product()
         while self._peek() in ("+", "-"):
             sign = 1 if self.tokens[self.i][1] == "+" else -1
             self.i += 1
-            c, d = self._product()
-            a, b = a + sign * c, b + sign * d
-        return a, b
+            value = _sadd(value, self._product(), sign)
+        return value
 
-    def _product(self) -> tuple[Fraction, Fraction]:
+    def _product(self) -> _Surd:
         value = self._unary()
         while True:
             tok = self._peek()
             if tok in ("*", "\\cdot", "\\times", "/", "\\div"):
                 self.i += 1
                 rhs = self._unary()
-                value = _cdiv(value, rhs) if tok in ("/", "\\div") else _cmul(value, rhs)
-            elif tok in ("i", "(", "{", "\\frac") or (tok is not None and self.tokens[self.i][0] == "num"):
+                if tok in ("/", "\\div") and self._juxtaposed():
+                    raise ValueError("1/2x: math_verify reads 1/(2x), a reader may mean x/2")
+                value = _sdiv(value, rhs) if tok in ("/", "\\div") else _smul(value, rhs)
+            elif self._juxtaposed():
                 if tok == "\\frac" and self.tokens[self.i - 1][0] == "num":
                     raise ValueError("1\\frac{1}{2} may be a mixed number: math_verify decides")
-                value = _cmul(value, self._power())  # juxtaposition: 4i, 2(3+i), \frac{1}{2}i
+                value = _smul(value, self._power())  # juxtaposition: 4i, 2(3+i), \frac{1}{2}i, 3\sqrt{2}, 2x
             else:
                 return value
 
-    def _unary(self) -> tuple[Fraction, Fraction]:
+    def _juxtaposed(self) -> bool:
+        """Whether the next token multiplies what came before without a sign: 4i, 2(3+i), 3\\sqrt{2}, 2x."""
+        tok = self._peek()
+        return tok is not None and (self.tokens[self.i][0] == "num" or tok not in _INFIX)
+
+    def _unary(self) -> _Surd:
         if self._peek() in ("-", "+"):
             sign = -1 if self.tokens[self.i][1] == "-" else 1
             self.i += 1
-            a, b = self._unary()
-            return sign * a, sign * b
+            return _sadd({}, self._unary(), sign)
         return self._power()
 
-    def _power(self) -> tuple[Fraction, Fraction]:
+    def _constant(self, read) -> _Surd:
+        """What read() returns, refused when it holds a letter or \\pi (a power or a root of one)."""
+        before = self.symbols
+        value = read()
+        if self.symbols != before:
+            raise ValueError("a letter in an exponent or under a root is left to sympy")
+        return value
+
+    def _power(self) -> _Surd:
         base = self._atom()
         if self._peek() != "^":
             return base
         self.i += 1
-        exp_re, exp_im = self._atom() if self._peek() != "-" else self._unary()
-        if exp_im or exp_re.denominator != 1 or abs(exp_re) > _MAX_EXACT_POWER:
+        exponent = _rational(self._constant(self._atom if self._peek() != "-" else self._unary))
+        if (
+            exponent is None
+            or exponent[1]
+            or exponent[0].denominator != 1
+            or abs(exponent[0]) > _MAX_EXACT_POWER
+        ):
             raise ValueError("not an exact power")
-        result = (Fraction(1), Fraction(0))
-        for _ in range(abs(int(exp_re))):
-            result = _cmul(result, base)
-        return _cdiv((Fraction(1), Fraction(0)), result) if exp_re < 0 else result
+        result, n = _ONE, abs(int(exponent[0]))
+        while n:  # by squaring: x^64 is six products
+            if n & 1:
+                result = _smul(result, base)
+            n >>= 1
+            if n:
+                base = _smul(base, base)
+        return _sdiv(_ONE, result) if exponent[0] < 0 else result
 
-    def _atom(self) -> tuple[Fraction, Fraction]:
+    def _atom(self) -> _Surd:
         if self.i >= len(self.tokens):
             raise ValueError("missing operand")
         kind, tok = self.tokens[self.i]
         self.i += 1
         if kind == "num":
-            m = _REPEATING_RE.fullmatch(tok)
-            if m is not None:
-                return _repeating(m), Fraction(0)
-            if "." in tok:
+            if tok.isdigit():
+                value = Fraction(int(tok))
+            elif m := _REPEATING_RE.fullmatch(tok):
+                value = _repeating(m)
+            else:
                 self.exact = False
-            return Fraction(tok), Fraction(0)
+                value = Fraction(tok)
+            return {1: (value, _ZERO)} if value else {}
         if tok == "i":
-            return Fraction(0), Fraction(1)
+            return {1: (Fraction(0), Fraction(1))}
+        if tok in _POINTS:
+            self.symbols += 1
+            return {1: (_POINTS[tok][self.point], Fraction(0))}
         if tok in ("(", "{"):
             value = self._sum()
             self._take(")" if tok == "(" else "}")
             return value
         if tok == "\\frac":
-            self._take("{")
-            num = self._sum()
-            self._take("}")
-            self._take("{")
-            den = self._sum()
-            self._take("}")
-            return _cdiv(num, den)
+            num, den = self._group(), self._group()
+            return _sdiv(num, den)
+        if tok == "\\sqrt":
+            radicand = _rational(self._constant(self._group))
+            if radicand is None or radicand[1]:
+                raise ValueError("only the square root of a rational is exact here")
+            return _sqrt(radicand[0])
         raise ValueError(f"unexpected {tok}")
+
+    def _group(self) -> _Surd:
+        self._take("{")
+        value = self._sum()
+        self._take("}")
+        return value
+
+
+_INFIX = frozenset(("+", "-", "*", "/", "^", ")", "}", "\\cdot", "\\times", "\\div"))
 
 
 def _small(x: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
@@ -683,15 +813,27 @@ def _small(x: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
     return x
 
 
+_ZERO = Fraction(0)
+
+
 def _cmul(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    if not x[1] and not y[1]:  # the common case, real numbers: a third of the work
+        return _small((x[0] * y[0], _ZERO))
     return _small((x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0]))
 
 
 def _cdiv(x: tuple[Fraction, Fraction], y: tuple[Fraction, Fraction]) -> tuple[Fraction, Fraction]:
+    if not x[1] and not y[1]:
+        if not y[0]:
+            raise ValueError("division by zero")
+        return _small((x[0] / y[0], _ZERO))
     norm = y[0] * y[0] + y[1] * y[1]
     if not norm:
         raise ValueError("division by zero")
     return _small(((x[0] * y[0] + x[1] * y[1]) / norm, (x[1] * y[0] - x[0] * y[1]) / norm))
+
+
+_EXACT_ERRORS = (ValueError, ZeroDivisionError, RecursionError, OverflowError)
 
 
 def _exact(s: str) -> _Value | None:
@@ -700,9 +842,49 @@ def _exact(s: str) -> _Value | None:
     if not s or len(s) > 200 or not any(c.isdigit() for c in s) and "i" not in s:
         return None
     try:
-        return _Exact(s).value()
-    except (ValueError, ZeroDivisionError, RecursionError, OverflowError):
+        parser = _Exact(s)
+        value = _rational(parser.value())
+    except _EXACT_ERRORS:
         return None
+    if value is None or parser.symbols:
+        return None
+    return _Value(value[0], value[1], parser.exact)
+
+
+class _Key(NamedTuple):
+    values: tuple[frozenset, ...]  # the value at each point (one when no letter or \pi is in it)
+    exact: bool  # no finite decimal in it
+
+
+def _key(s: str) -> _Key | None:
+    """The exact value of a normalised answer built from rationals, i, square roots, \\pi and letters, else None."""
+    s = s.replace("{,}", "")
+    if not s or len(s) > 200:
+        return None
+    try:
+        parser = _Exact(s)
+        first = parser.value(0)
+        points = (first, parser.value(1)) if parser.symbols else (first,)
+    except _EXACT_ERRORS:
+        return None
+    return _Key(tuple(frozenset(point.items()) for point in points), parser.exact)
+
+
+def _key_verdict(a: str, t: str) -> bool | None:
+    """Equal as exact values (2\\sqrt{3} for \\sqrt{12}, (x+1)(x+2) for x^2+3x+2, \\frac{\\pi}{2} for 0.5\\pi):
+    True; different with no decimal on either side: False; else None."""
+    ak, tk = _key(a), _key(t)
+    if ak is None or tk is None:
+        return None
+    if len(ak.values) != len(tk.values):  # a letter on one side only: compare both at both points
+        ak, tk = _key_at_both(a, ak), _key_at_both(t, tk)
+    if ak.values == tk.values:
+        return True
+    return False if ak.exact and tk.exact else None
+
+
+def _key_at_both(s: str, key: _Key) -> _Key:
+    return key if len(key.values) == 2 else _Key(key.values * 2, key.exact)
 
 
 _UNIT_SPELLINGS = {  # the words for one unit that models write
@@ -832,7 +1014,7 @@ def _term_verdict(a: str, t: str) -> bool | None:
         return True
     av, tv = _exact(a), _exact(t)
     if av is None or tv is None:
-        return None
+        return _key_verdict(a, t)
     return (av.re, av.im) == (tv.re, tv.im) or (None if not (av.exact and tv.exact) else False)
 
 
@@ -961,7 +1143,7 @@ _PLUS_MINUS_RE = re.compile(r"\\(?:pm|mp)")
 _THOUSANDS_GROUP_RE = re.compile(r"\d,\d{3}(?!\d)")
 
 
-def _values(s: str) -> set[tuple[Fraction, Fraction]] | None:
+def _values(s: str) -> set[tuple[frozenset, ...]] | None:
     """The exact values a list of solutions holds (1,2 / x=1,x=2 / \\pm5 / 3\\pm1), None if one is not exact."""
     items = _top_level(_ALTERNATIVES_RE.sub(",", s), comma_needs_space=False)
     if items is None:
@@ -975,11 +1157,26 @@ def _values(s: str) -> set[tuple[Fraction, Fraction]] | None:
             head, tail = item[: sign.start()], item[sign.end() :]
             spellings = [f"{head}+({tail})", f"{head}-({tail})"]
         for text in spellings if sign is not None else [item]:
-            value = _exact(text)
-            if value is None or not value.exact:  # decimals keep math_verify's rounding
+            key = _key(text)
+            if key is None or not key.exact:  # decimals keep math_verify's rounding
                 return None
-            values.add((value.re, value.im))
+            values.add(key.values if len(key.values) == 2 else key.values * 2)
     return values
+
+
+def _tuple_verdict(a: str, t: str) -> bool | None:
+    """Points and intervals written with the same brackets, element by element: (51,-99) is not (-99,51)."""
+    if len(a) < 5 or len(t) < 5 or (a[0], a[-1]) != (t[0], t[-1]) or a[0] not in "([" or a[-1] not in ")]":
+        return None
+    items_a, items_t = (
+        _top_level(a[1:-1], comma_needs_space=False),
+        _top_level(t[1:-1], comma_needs_space=False),
+    )
+    if items_a is None or items_t is None or len(items_a) != len(items_t) or len(items_a) < 2:
+        return None
+    if _THOUSANDS_GROUP_RE.search(a) or _THOUSANDS_GROUP_RE.search(t):
+        return None  # (1,000, 2): separators or items, math_verify decides
+    return _all_verdict([_verdict_one(x, y) for x, y in zip(items_a, items_t, strict=True)])
 
 
 def _set_verdict(a: str, t: str) -> bool | None:
@@ -1017,7 +1214,7 @@ def _verdict_one(a: str, t: str) -> bool | None:
     a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
     if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
         return False  # 5 m is not 5 cm (math_verify 0.9.0 drops both units and would say it is)
-    for rule in (_base_verdict, _chain_verdict):
+    for rule in (_base_verdict, _chain_verdict, _tuple_verdict):
         verdict = rule(a, t)
         if verdict is not None:
             return verdict
@@ -1027,7 +1224,8 @@ def _verdict_one(a: str, t: str) -> bool | None:
     ap, tp = _PERCENT_RE.sub("", au), _PERCENT_RE.sub("", tu)
     av, tv = _exact(ap), _exact(tp)
     if av is None or tv is None:
-        return None
+        # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
+        return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
     if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True:
         return None  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands

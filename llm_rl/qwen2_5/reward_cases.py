@@ -151,7 +151,7 @@ BOXES_RIGHT = [
     ("\\boxed{\\frac{1}{2}} = \\boxed{0.5}", "\\frac12"),
     ("\\boxed{0.5} = \\boxed{\\frac{1}{2}}", "0.5"),
     ("\\boxed{0.\\overline{3}}, i.e. \\boxed{\\frac13}", "\\frac13"),
-    ("\\boxed{x^2+2x+1} = \\boxed{(x+1)^2}", "(x+1)^2"),  # only sympy sees these are equal
+    ("\\boxed{x^2+2x+1} = \\boxed{(x+1)^2}", "(x+1)^2"),  # equal as polynomials
     ("\\boxed{2} \\boxed{2.0}", "2"),
     ("\\boxed{3>x>-2} \\boxed{-2<x<3}", "-2<x<3"),
 ]
@@ -186,6 +186,100 @@ INTERVAL_WRONG = both_ways(
         ("\\{x \\mid -2<x\\le 3\\}", "(-2,3)"),
     ]
 )
+ROOT_RIGHT = both_ways(
+    [
+        ("\\sqrt{12}", "2\\sqrt{3}"),
+        ("\\sqrt{1372}", "14\\sqrt{7}"),
+        ("\\frac{1}{\\sqrt{3}}", "\\frac{\\sqrt{3}}{3}"),
+        ("\\frac{\\sqrt{8}}{2}", "\\sqrt{2}"),
+        ("\\sqrt{\\frac{3}{4}}", "\\frac{\\sqrt3}{2}"),
+        ("\\frac{1}{1+\\sqrt{2}}", "\\sqrt{2}-1"),
+        ("\\frac{2}{\\sqrt{5}-\\sqrt{3}}", "\\sqrt{5}+\\sqrt{3}"),
+        ("(\\sqrt{2}+\\sqrt{3})^2", "5+2\\sqrt{6}"),
+        ("\\sqrt{2}\\cdot\\sqrt{6}", "2\\sqrt3"),
+        ("3\\sqrt{2}/2", "\\frac{3}{\\sqrt{2}}"),
+        ("1.5\\sqrt{2}", "\\frac{3\\sqrt{2}}{2}"),
+        ("\\sqrt{16}", "4"),
+    ]
+)
+ROOT_WRONG = both_ways(
+    [
+        ("\\sqrt{12}", "3\\sqrt{2}"),
+        ("2\\sqrt{3}", "3\\sqrt{2}"),
+        ("-2\\sqrt{3}", "2\\sqrt{3}"),  # sign
+        ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{2}}{3}"),
+        ("\\sqrt{2}+1", "\\sqrt{2}-1"),
+        ("(\\sqrt{2}+\\sqrt{3})^2", "5"),
+        ("\\sqrt{3}", "3"),
+        ("\\sqrt{999983\\cdot 2}", "\\sqrt{1999965}"),  # a large prime factor, off by one
+    ]
+)
+PI_RIGHT = both_ways(
+    [
+        ("\\frac{86}{84}\\pi", "\\frac{86\\pi}{84}"),
+        ("43\\pi/42", "\\frac{86\\pi}{84}"),
+        ("\\frac{\\pi}{2}", "0.5\\pi"),
+        ("2\\pi\\cdot 3", "6\\pi"),
+        ("\\pi^2/4", "\\left(\\frac{\\pi}{2}\\right)^2"),
+        ("16-4\\pi", "4(4-\\pi)"),
+        ("\\frac{8\\sqrt{2}\\pi}{3}", "\\frac{16\\pi}{3\\sqrt{2}}"),
+    ]
+)
+PI_WRONG = both_ways(
+    [
+        ("\\frac{\\pi}{84}", "\\frac{86\\pi}{84}"),
+        ("\\pi", "3"),
+        ("2\\pi", "\\pi^2"),
+        ("16-4\\pi", "4\\pi-16"),  # sign
+        ("\\frac{\\pi}{3}", "\\frac{3}{\\pi}"),
+    ]
+)
+POLYNOMIAL_RIGHT = both_ways(
+    [
+        ("(x+90)(x+79)", "x^2+169x+7110"),
+        ("x^2-1", "(x-1)(x+1)"),
+        (
+            "(x+1)^{12}",
+            "x^{12}+12x^{11}+66x^{10}+220x^9+495x^8+792x^7+924x^6+792x^5+495x^4+220x^3+66x^2+12x+1",
+        ),
+        ("\\frac{x^2-1}{x-1}", "x+1"),
+        ("\\frac{2x}{x}", "2"),
+        ("2(a+b)", "2b+2a"),
+        ("\\frac{1}{x}+\\frac{1}{y}", "\\frac{x+y}{x\\cdot y}"),
+        ("3t^2-\\frac{t}{2}", "\\frac{6t^2-t}{2}"),
+        ("0.5x", "\\frac{x}{2}"),
+    ]
+)
+POLYNOMIAL_WRONG = both_ways(
+    [
+        ("(x+90)(x+80)", "x^2+169x+7110"),
+        ("x^2+79x", "x^2+169x+7110"),
+        ("(x-1)^{12}", "(x+1)^{12}"),
+        ("2x", "2y"),  # another variable
+        ("x", "5"),
+        ("b", "x"),
+        ("x^2+1", "(x-1)(x+1)"),
+        ("\\frac{1}{x}+\\frac{1}{y}", "\\frac{1}{x+y}"),
+    ]
+)
+POINT_RIGHT = both_ways(
+    [
+        ("(51, -99)", "(51,-99)"),
+        ("(\\frac{1}{2},3)", "(0.5,3)"),
+        ("(2\\sqrt{3}, \\pi)", "(\\sqrt{12},\\pi)"),
+        ("(1,2,3)", "(1, 2, 3)"),
+        ("(2,\\infty)", "(2,\\infty)"),
+    ]
+)
+POINT_WRONG = both_ways(
+    [
+        ("(51,99)", "(51,-99)"),
+        ("(-99,51)", "(51,-99)"),  # the order matters
+        ("(2,1)", "(1,2)"),
+        ("(1,2,4)", "(1,2,3)"),
+        ("(3,\\infty)", "(2,\\infty)"),
+    ]
+)
 CATEGORIES = {  # name: (judged right, judged wrong)
     "repeating decimal": (REPEATING_RIGHT, REPEATING_WRONG),
     "degree or percent sign": (UNITS_RIGHT, UNITS_WRONG),
@@ -194,6 +288,72 @@ CATEGORIES = {  # name: (judged right, judged wrong)
     "interval": (INTERVAL_RIGHT, INTERVAL_WRONG),
     "base": (BASES_RIGHT, BASES_WRONG),
     "several boxes": (BOXES_RIGHT, BOXES_WRONG),
+    "square root": (ROOT_RIGHT, ROOT_WRONG),
+    "pi": (PI_RIGHT, PI_WRONG),
+    "polynomial": (POLYNOMIAL_RIGHT, POLYNOMIAL_WRONG),
+    "point": (POINT_RIGHT, POINT_WRONG),
 }
 RIGHT = [(name, a, t) for name, (right, _) in CATEGORIES.items() for a, t in right]
 WRONG = [(name, a, t) for name, (_, wrong) in CATEGORIES.items() for a, t in wrong]
+
+
+def _signed(coef: int, term: str = "") -> str:
+    """+3x, -x, +7: a term with its sign, a coefficient of 1 left out before a letter."""
+    sign = "-" if coef < 0 else "+"
+    size = abs(coef)
+    return f"{sign}{'' if size == 1 and term else size}{term}"
+
+
+def generated_pairs(n: int, seed: int) -> list[tuple[str, str, str]]:
+    """n (shape, answer, truth) pairs with fresh numbers: square roots, pi, polynomials, rational functions and
+    points, each written as the truth is or another way, or as a near miss.  Their verdicts are math_verify's
+    (tests/qwen2_5/test_reward_hard.py checks that the cheap checks never disagree with it)."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[str, str, str]] = []
+    while len(out) < n:
+        a, b = rng.choice([-1, 1]) * rng.randint(1, 30), rng.choice([-1, 1]) * rng.randint(1, 30)
+        k, m = rng.randint(2, 12), rng.choice([2, 3, 5, 6, 7, 10, 11, 13, 14, 15, 17, 19, 21, 22, 23])
+        p, q = rng.randint(1, 60), rng.randint(2, 60)
+        kind = rng.randrange(7)
+        if kind == 0:  # a quadratic, factored
+            truth = f"x^2{_signed(a + b, 'x') if a + b else ''}{_signed(a * b)}"
+            answers = [f"(x{_signed(a)})(x{_signed(b)})", f"(x{_signed(b)})(x{_signed(a)})"]
+            answers += [f"(x{_signed(a)})(x{_signed(b + 1)})", f"(x{_signed(-a)})(x{_signed(-b)})"]
+        elif kind == 1:  # a cube
+            truth = f"x^3{_signed(3 * a, 'x^2')}{_signed(3 * a * a, 'x')}{_signed(a**3)}"
+            answers = [f"(x{_signed(a)})^3", f"(x{_signed(-a)})^3", f"(x{_signed(a)})^2(x{_signed(a)})"]
+        elif kind == 2:  # a square root
+            truth = f"{k}\\sqrt{{{m}}}"
+            answers = [
+                f"\\sqrt{{{k * k * m}}}",
+                f"\\frac{{{k * m}}}{{\\sqrt{{{m}}}}}",
+                f"{k + 1}\\sqrt{{{m}}}",
+            ]
+            answers += [
+                f"\\sqrt{{{k * k * m + 1}}}",
+                f"{k}\\sqrt{{{m + 1}}}",
+                f"\\frac{{{2 * k}\\sqrt{{{m}}}}}{{2}}",
+            ]
+        elif kind == 3:  # pi
+            truth = f"\\frac{{{p}\\pi}}{{{q}}}"
+            answers = [f"\\frac{{{p}}}{{{q}}}\\pi", f"{p}\\pi/{q}", f"\\frac{{{2 * p}\\pi}}{{{2 * q}}}"]
+            answers += [
+                f"\\frac{{\\pi}}{{{q}}}",
+                f"\\frac{{{p}}}{{{q}\\pi}}",
+                f"\\frac{{{p + 1}\\pi}}{{{q}}}",
+            ]
+        elif kind == 4:  # a rational function
+            truth = f"x{_signed(a)}"
+            answers = [f"\\frac{{x^2-{a * a}}}{{x{_signed(-a)}}}", f"\\frac{{x^2-{a * a}}}{{x{_signed(a)}}}"]
+            answers += [f"\\frac{{{k}x{_signed(k * a)}}}{{{k}}}"]
+        elif kind == 5:  # a rationalised denominator
+            truth = f"\\frac{{{k}-\\sqrt{{{m}}}}}{{{k * k - m}}}" if k * k != m else "1"
+            answers = [f"\\frac{{1}}{{{k}+\\sqrt{{{m}}}}}", f"\\frac{{1}}{{{k}-\\sqrt{{{m}}}}}"]
+        else:  # a point
+            truth = f"({a},{k}\\sqrt{{{m}}})"
+            answers = [f"({a}, \\sqrt{{{k * k * m}}})", f"({k}\\sqrt{{{m}}},{a})", f"({-a},{k}\\sqrt{{{m}}})"]
+        shape = ("quadratic", "cube", "square root", "pi", "rational function", "denominator", "point")[kind]
+        out.append((shape, rng.choice(answers), truth))
+    return out

@@ -7,6 +7,7 @@ Each test asserts scores and which processes survive, never how long anything to
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -23,10 +24,13 @@ from pathlib import Path
 import pytest
 from test_reward import REWARD_PATH, load_reward, make
 
-# Correct, but math_verify needs about 0.4 s of CPU: long enough to kill its worker in mid-answer.
-SLOW_TRUTH = "x^{12}+12x^{11}+66x^{10}+220x^9+495x^8+792x^7+924x^6+792x^5+495x^4+220x^3+66x^2+12x+1"
-SLOW_RIGHT = make("\\boxed{(x+1)^{12}}")
-SLOW_WRONG = make("\\boxed{(x-1)^{12}}")
+# A subscripted letter: the cheap checks read x as a variable, not x_{1}, so these answers go to sympy
+# (test_the_answers_here_need_sympy fails first if a cheap check learns to decide them).
+X = "x_{1}"
+# Correct, but math_verify needs 0.2-0.6 s of CPU: long enough to kill its worker in mid-answer.
+SLOW_TRUTH = "+".join(f"{math.comb(12, k)}{X}^{{{k}}}" for k in range(12, 0, -1)) + "+1"
+SLOW_RIGHT = make(f"\\boxed{{({X}+1)^{{12}}}}")
+SLOW_WRONG = make(f"\\boxed{{({X}-1)^{{12}}}}")
 
 
 def stuck(k: int) -> str:
@@ -37,9 +41,18 @@ def stuck(k: int) -> str:
 def ordinary(k: int) -> tuple[str, str, float]:
     """(response, truth, score): answers only math_verify decides, fresh per k so no cache answers them."""
     a, b = 2 + k, 3 + 2 * k
+    truth = f"{X}^2+{a + b}{X}+{a * b}"
     if k % 3 == 2:
-        return make(f"\\boxed{{(x+{a})(x+{b + 1})}}"), f"x^2+{a + b}x+{a * b}", 0.0
-    return make(f"\\boxed{{(x+{a})(x+{b})}}"), f"x^2+{a + b}x+{a * b}", 1.0
+        return make(f"\\boxed{{({X}+{a})({X}+{b + 1})}}"), truth, 0.0
+    return make(f"\\boxed{{({X}+{a})({X}+{b})}}"), truth, 1.0
+
+
+def test_the_answers_here_need_sympy():
+    """These tests are about the helpers: their answers must reach them, past every cheap check."""
+    reward = load_reward()
+    for response, truth in [ordinary(k)[:2] for k in range(3)] + [(SLOW_RIGHT, SLOW_TRUTH), (stuck(0), "1")]:
+        prepared = reward._prepare(response, truth)
+        assert reward.fast_verdict(prepared.answer.text, prepared.truths) is None, (response[-40:], truth)
 
 
 @pytest.fixture
@@ -231,7 +244,7 @@ CALLER = textwrap.dedent(
     import importlib.util, json, sys, threading, time
     spec = importlib.util.spec_from_file_location("custom_module", {path!r})
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-    m.compute_score("s", {warm!r}, "x^2+5x+6")
+    m.compute_score("s", {warm!r}, {warm_truth!r})
     threading.Thread(target=m.compute_score, args=("s", {stuck!r}, "1"), kwargs={{"timeout": 60}},
                      daemon=True).start()
     pool = m._get_pool()
@@ -251,7 +264,8 @@ CALLER = textwrap.dedent(
 @pytest.mark.parametrize("how", ["exit", "raise", "sigkill"])
 def test_no_helper_outlives_its_caller(tmp_path, how):
     script = tmp_path / "caller.py"
-    script.write_text(CALLER.format(path=str(REWARD_PATH), warm=make("\\boxed{(x+2)(x+3)}"), stuck=stuck(0)))
+    warm, warm_truth, _ = ordinary(0)  # a worker has answered once before the stuck answer
+    script.write_text(CALLER.format(path=str(REWARD_PATH), warm=warm, warm_truth=warm_truth, stuck=stuck(0)))
     proc = subprocess.Popen(
         [sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )

@@ -1,4 +1,5 @@
-"""Hard MATH judgements: repeating decimals, unit signs, complex numbers, inequalities, bases, several boxes.
+"""Hard MATH judgements: repeating decimals, unit signs, complex numbers, inequalities, bases, several boxes,
+square roots, pi, polynomials and points.
 
 Each category both ways round (the truth in either form), with near misses off by a sign, a factor, an
 endpoint or a base.  Where the rule is exact arithmetic, the test also checks that no sympy is needed.
@@ -6,10 +7,12 @@ endpoint or a base.  Where the rule is exact arithmetic, the test also checks th
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from test_reward import load_reward, make
 
-from llm_rl.qwen2_5.reward_cases import RIGHT, WRONG
+from llm_rl.qwen2_5.reward_cases import RIGHT, WRONG, generated_pairs
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,71 @@ def test_near_miss_is_wrong(reward, category, answer, truth):
 def test_exact_rules_need_no_sympy(reward, answer, truth, expected):
     """The categories are decided in the caller, by exact rationals: no worker, no float tolerance."""
     assert reward.fast_verdict(answer, (truth,)) is expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth", "expected"),
+    [
+        ("\\sqrt{12}", "2\\sqrt{3}", True),
+        ("\\frac{1}{1+\\sqrt{2}}", "\\sqrt{2}-1", True),
+        ("3\\sqrt{2}", "2\\sqrt{3}", False),
+        ("\\frac{86}{84}\\pi", "\\frac{43\\pi}{42}", True),
+        ("2\\pi r", "2r\\pi", True),  # after _norm: 2\pir
+        ("(x+90)(x+79)", "x^2+169x+7110", True),
+        ("(x+90)(x+80)", "x^2+169x+7110", False),
+        ("x\\cdot y", "yx", None),  # two letters side by side: math_verify reads them
+        ("(51,-99)", "(51, -99)", True),
+        ("(-99,51)", "(51,-99)", False),
+        ("\\sqrt{2}, -\\sqrt{2}", "\\pm\\sqrt{2}", True),
+    ],
+)
+def test_roots_pi_letters_and_points_need_no_sympy(reward, answer, truth, expected):
+    """Square roots of rationals, pi and letters are exact too: letters and pi are compared at two points."""
+    assert reward.fast_verdict(answer, (truth,)) is expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth"),
+    [
+        ("e^2", "e\\cdot e"),  # Euler's number
+        ("A", "a"),  # math_verify folds the case of letters
+        ("I", "i"),
+        ("x(x+1)", "x^2+x"),  # x( may be a function applied
+        ("1/2x", "\\frac{x}{2}"),  # math_verify reads 1/(2x)
+        ("\\pi/2x", "\\frac{\\pi}{2x}"),
+        ("\\sqrt{x^2}", "x"),  # |x|
+        ("\\sqrt{-4}", "2i"),
+        ("2^{x}", "4"),
+        ("\\sqrt[3]{8}", "2"),
+        ("60^\\circ", "\\frac{\\pi}{3}"),  # math_verify reads degrees as radians
+        ("3.14159", "\\pi"),  # a decimal keeps math_verify's rounding
+        ("3.4641", "2\\sqrt{3}"),
+        ("\\sqrt{1000000007}", "\\sqrt{1000000007}+0"),  # too large to factor here
+    ],
+)
+def test_what_the_exact_rules_leave_to_math_verify(reward, answer, truth):
+    assert reward.fast_verdict(answer, (truth,)) is None
+
+
+def test_the_exact_rules_never_disagree_with_math_verify(reward):
+    """On 150 generated answers (roots, pi, polynomials, rational functions, points; right and near misses) every
+    verdict the caller reaches is math_verify's own, and the caller reaches one for nearly all of them."""
+    math_verify = pytest.importorskip("math_verify")
+    decided, disagree = 0, []
+    for shape, answer, truth in generated_pairs(150, seed=7):
+        fast = reward.fast_verdict(answer, (truth,))
+        if fast is None:
+            continue
+        decided += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            slow = math_verify.verify(
+                math_verify.parse(f"\\boxed{{{truth}}}"), math_verify.parse(f"\\boxed{{{answer}}}")
+            )
+        if fast != slow:
+            disagree.append((shape, answer, truth, fast, slow))
+    assert disagree == []
+    assert decided >= 140, f"only {decided} of 150 decided in the caller"
 
 
 def test_exact_arithmetic_refuses_what_it_cannot_hold(reward):
