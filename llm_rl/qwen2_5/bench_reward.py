@@ -88,12 +88,19 @@ def _response(rng: random.Random, answer: str) -> str:
     return f"<think>\n{steps}</think>\n<answer>\nThe answer is {boxed}.\n</answer>"
 
 
-def make_step(n: int, hostile_rate: float, seed: int) -> list[tuple[str, str]]:
-    """n (response, ground truth) pairs: groups of 8 samples per prompt, hostile_rate of them hostile."""
+def _sympy_problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
+    """A problem whose answers only sympy decides: the cheap checks read x, not x_{1}, as a variable."""
+    a, b, x = rng.randint(2, 99), rng.randint(2, 99), "x_{1}"
+    return f"{x}^2+{a + b}{x}+{a * b}", [f"({x}+{a})({x}+{b})"], [f"({x}+{a})({x}+{b + 1})"]
+
+
+def make_step(n: int, hostile_rate: float, seed: int, sympy_share: float = 0.0) -> list[tuple[str, str]]:
+    """n (response, ground truth) pairs: groups of 8 samples per prompt, hostile_rate of them hostile and
+    sympy_share of the prompts with answers only sympy decides."""
     rng = random.Random(seed)
     items: list[tuple[str, str]] = []
     while len(items) < n:
-        truth, right, wrong = _problem(rng)
+        truth, right, wrong = _sympy_problem(rng) if rng.random() < sympy_share else _problem(rng)
         for _ in range(8):
             answer = rng.choice(right) if rng.random() < 0.6 else rng.choice(wrong)
             items.append((_response(rng, answer), truth))
@@ -117,7 +124,7 @@ def _fresh_pool(module, timeout: float, workers: int, seed: int) -> None:
     """New worker processes, warmed on answers the measured run does not contain; empty caches."""
     module.shutdown()
     module._CACHE.clear()
-    warm = make_step(64, 0.0, seed + 1000)
+    warm = make_step(64, 0.0, seed + 1000, sympy_share=1.0)  # answers that reach the workers
     module.compute_score_batch(
         ["s"] * 64, [r for r, _ in warm], [t for _, t in warm], timeout=timeout, num_workers=workers
     )
@@ -171,7 +178,7 @@ def run_baseline(items) -> tuple[str, list[bool]]:
         latencies.append(time.perf_counter() - t0)
         correct.append(ok)
     wall = time.perf_counter() - start
-    return _figures("plain math_verify, sequential", latencies, wall), correct
+    return _figures("plain math_verify, sequential", latencies, wall), correct  # the original reward's check
 
 
 # ---------------------------------------------------------------- faults, load and start-up, before / after
@@ -181,8 +188,8 @@ STUCK = "\\boxed{{\\int_0^{{{k}}} \\sin(x^{{x}}) \\, dx}}"  # passes every cheap
 
 def _ordinary(k: int) -> tuple[str, str]:
     """A correct answer only math_verify decides, fresh per k so no cache answers it."""
-    a, b = 2 + k, 3 + 2 * k
-    return _response(random.Random(k), f"(x+{a})(x+{b})"), f"x^2+{a + b}x+{a * b}"
+    a, b, x = 2 + k, 3 + 2 * k, "x_{1}"  # the cheap checks read x, not x_{1}, as a variable
+    return _response(random.Random(k), f"({x}+{a})({x}+{b})"), f"{x}^2+{a + b}{x}+{a * b}"
 
 
 def _load_file(path: Path, name: str):
@@ -311,7 +318,7 @@ def memory(module, workers: int) -> str:
     """Resident memory of the helpers after a warm-up step, per process."""
     module.shutdown()
     module._CACHE.clear()
-    warm = make_step(256, 0.0, 7)
+    warm = make_step(256, 0.0, 7, sympy_share=1.0)
     module.compute_score_batch(["s"] * 256, [r for r, _ in warm], [t for _, t in warm], num_workers=workers)
     pool = module._get_pool()
     if hasattr(pool, "pids"):
@@ -391,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hostile-rate", type=float, default=0.01, help="share of hostile answers (default 0.01)"
     )
+    parser.add_argument(
+        "--sympy-share",
+        type=float,
+        default=0.0,
+        help="share of the step's prompts whose answers only sympy decides (default 0)",
+    )
     parser.add_argument("--timeout", type=float, default=1.0, help="reward's per-answer bound in seconds")
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: CPUs, max 8)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequential math_verify run")
@@ -411,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ordinary", type=int, default=12, help="ordinary answers in the faults scenario")
     parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes timed for the cold start")
     args = parser.parse_args(argv)
-    if args.n < 1 or not 0 <= args.hostile_rate <= 1 or args.timeout <= 0:
-        parser.error("--n must be >= 1, --hostile-rate within [0, 1] and --timeout > 0")
+    if args.n < 1 or not 0 <= args.hostile_rate <= 1 or not 0 <= args.sympy_share <= 1 or args.timeout <= 0:
+        parser.error("--n must be >= 1, --hostile-rate and --sympy-share within [0, 1] and --timeout > 0")
     versions = {}
     if args.before == "none":
         before = None
@@ -470,14 +483,14 @@ def caller_side(module, items) -> str:
 
 def step(args, versions: dict[str, Path]) -> None:
     """One GRPO step through each version of the reward, and through plain math_verify for agreement."""
-    items = make_step(args.n, args.hostile_rate, args.seed)
+    items = make_step(args.n, args.hostile_rate, args.seed, args.sympy_share)
     scores = []
     for name, path in versions.items():
         module = _load_file(path, f"reward_step_{name}")
         workers = args.workers or module._default_workers()
         print(
-            f"{name}: {len(items)} answers, {round(args.n * args.hostile_rate)} hostile, bound {args.timeout} s, "
-            f"{workers} workers"
+            f"{name}: {len(items)} answers, {round(args.n * args.hostile_rate)} hostile, "
+            f"{args.sympy_share:.0%} of the prompts for sympy alone, bound {args.timeout} s, {workers} workers"
         )
         print(f"  {caller_side(module, items)}")
         lines, scores = run_reward(module, items, args.timeout, workers, args.seed)
