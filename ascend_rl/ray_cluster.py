@@ -192,12 +192,32 @@ def wait_for_nodes(
         sleep(min(interval, max(0.0, deadline - clock())))
 
 
+def settled(nodes) -> list[dict]:
+    """The alive nodes, one per address. A node restarted before Ray marked its old raylet dead has two alive
+    entries at its address (`ray_start.sh --worker` soon after a loss); it counts once the stale one is dead,
+    so a run does not start while Ray still lists a raylet that is gone."""
+    alive = [node for node in nodes if node.get("Alive")]
+    per_address: dict[object, int] = {}
+    for node in alive:
+        per_address[node.get("NodeManagerAddress")] = per_address.get(node.get("NodeManagerAddress"), 0) + 1
+    return [node for node in alive if per_address[node.get("NodeManagerAddress")] == 1]
+
+
+def _replaced(node: dict, alive: list[dict]) -> bool:
+    """Another alive node holds this node's address: it is a stale entry of a node that has come back."""
+    return any(
+        other.get("NodeID") != node.get("NodeID")
+        and other.get("NodeManagerAddress") == node.get("NodeManagerAddress")
+        for other in alive
+    )
+
+
 def ray_alive_counter(address: str) -> Callable[[], int]:
-    """A counter of alive nodes in the Ray cluster at `address` (connects once)."""
+    """A counter of the settled alive nodes (settled()) in the Ray cluster at `address` (connects once)."""
     import ray
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    return lambda: sum(1 for node in ray.nodes() if node.get("Alive"))
+    return lambda: len(settled(ray.nodes()))
 
 
 def node_plan(nodes: int, head_ip: str, ray_start: str, job: list[str], timeout: int, port: int) -> list[str]:
@@ -454,8 +474,11 @@ def watch_run(
             nodes = read_nodes()
             alive = [node for node in nodes if node.get("Alive")]
             alive_ids = {node.get("NodeID") for node in alive}
-            for node_id, node in seen.items():
+            for node_id, node in list(seen.items()):
                 if node_id not in alive_ids:
+                    if _replaced(node, alive):  # the stale entry of a node that came back: Ray marked it dead
+                        del seen[node_id]
+                        continue
                     dead = next((n for n in nodes if n.get("NodeID") == node_id), node)
                     return "lost", dead, lost_node_line(dead, alive)
             seen.update({node.get("NodeID"): node for node in alive})
@@ -464,6 +487,8 @@ def watch_run(
                     node["NodeID"]: silent.get(node["NodeID"], now) for node in alive if not reachable(node)
                 }
                 for node in alive:
+                    if _replaced(node, [n for n in alive if n["NodeID"] not in silent]):
+                        continue  # a stale entry whose address answers through the node that came back
                     if now - silent.get(node["NodeID"], now) >= unreachable_timeout:
                         others = [n for n in alive if n["NodeID"] not in silent]
                         return "lost", node, silent_node_line(node, unreachable_timeout, others)

@@ -34,6 +34,7 @@ from ascend_rl.ray_cluster import (
     raylet_answers,
     resolve_ifname,
     run_drivers,
+    settled,
     shared_folder_line,
     start_command,
     wait_for_nodes,
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             return _start(args)
         if args.verb == "wait":
             nodes = ray_alive_nodes(args.address)
-            wait_for_nodes(lambda: len(nodes()), args.nodes, args.timeout)
+            wait_for_nodes(lambda: len(settled(nodes())), args.nodes, args.timeout)
             if args.resource:
                 check_resources(nodes(), args.resource)
             return 0

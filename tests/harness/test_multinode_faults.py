@@ -29,17 +29,12 @@ from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster, run_failure
 from ascend_rl.cli import ray_cluster as cli
 from ascend_rl.harness import cluster_faults as faults
+from cluster_support import NO_CLUSTER, needs_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
 PY = sys.executable
 
-try:
-    lib.check_support()
-    NO_CLUSTER = ""
-except lib.Unsupported as exc:
-    NO_CLUSTER = f"needs root and `ip netns`: {exc}"
-needs_cluster = pytest.mark.skipif(bool(NO_CLUSTER), reason=NO_CLUSTER)
 ci = pytest.mark.ci  # a second each, no training (the shared-folder check on the cluster: Ray on two nodes)
 
 
@@ -230,6 +225,45 @@ def test_a_node_whose_raylet_stops_answering_is_lost_before_ray_marks_it_dead():
         port = server.getsockname()[1]
         assert ray_cluster.raylet_answers({"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port})
     assert not ray_cluster.raylet_answers({"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port})
+
+
+@ci
+def test_a_node_back_before_ray_marked_its_old_raylet_dead_is_waited_for_and_is_no_loss():
+    """node2 revived within seconds of its loss: Ray lists the gone raylet alive beside the new one until its
+    health check fails (a full-tier rerun saw `ray: 3/2 nodes alive`, started, and its watch took the stale
+    entry's death for a lost node). The wait counts that address only once the stale entry is dead; the watch
+    lets the stale entry die, and go silent, without a line; the node that came back is still watched."""
+    head = {**_node("198.18.0.1", "h", CPU=4.0), "NodeManagerPort": 40001}
+    stale = {**_node("198.18.0.2", "w-old", CPU=4.0), "NodeManagerPort": 40002}
+    back = {**_node("198.18.0.2", "w", CPU=4.0), "NodeManagerPort": 40003}
+    assert [n["NodeID"] for n in ray_cluster.settled([head, stale, back])] == ["h"]
+    assert [n["NodeID"] for n in ray_cluster.settled([head, {**stale, "Alive": False}, back])] == ["h", "w"]
+    dead_stale = {**stale, "Alive": False, "DeathReasonMessage": "health check failed"}
+    looks = iter(
+        [[head, stale, back]] * 6
+        + [[head, dead_stale, back]] * 3
+        + [[head, dead_stale, {**back, "Alive": False}]]
+    )
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    found = ray_cluster.watch_run(
+        lambda: {},
+        lambda: next(looks),
+        600,
+        interval=2,
+        sleep=sleep,
+        clock=lambda: now[0],
+        lost_nodes=True,
+        reachable=lambda node: node["NodeID"] != "w-old",  # the stale raylet's port takes no connection
+        unreachable_timeout=4,
+    )
+    assert found is not None
+    kind, node, line = found
+    assert kind == "lost" and node["NodeID"] == "w" and now[0] == 18, (node["NodeID"], now)
+    assert line.startswith("node 198.18.0.2 (node2) left the Ray cluster while the run was going")
 
 
 @ci
