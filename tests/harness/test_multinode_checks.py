@@ -18,11 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from ascend_rl import cluster as lib
 from ascend_rl.harness import multinode
 from ascend_rl.paths import HARNESS_HOOKS
+from cluster_support import needs_cluster
 from launcher_env import dry_run_plan, launcher_env, run_launcher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,11 +203,8 @@ def _ranks(popen, env: dict[str, str]) -> None:
         assert proc.returncode == 0, out[-2000:]
 
 
+@needs_cluster
 def test_the_hook_in_real_gloo_ranks_across_two_nodes_and_on_one(tmp_path):
-    try:
-        lib.check_support()
-    except lib.Unsupported as exc:
-        pytest.skip(f"needs root and `ip netns`: {exc}")
     base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HARNESS_HOOKS), str(REPO)]), MASTER_PORT="29511")
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
 
@@ -257,11 +253,8 @@ with socket.create_connection((sys.argv[1], 29600)) as s:
 """
 
 
+@needs_cluster
 def test_the_sampler_counts_each_nodes_processes_and_eth0_bytes_per_step(tmp_path):
-    try:
-        lib.check_support()
-    except lib.Unsupported as exc:
-        pytest.skip(f"needs root and `ip netns`: {exc}")
     metrics = tmp_path / "metrics.jsonl"
     sent = 3 * 2**20
     with lib.Cluster(f"sa{os.getpid()}", 2, root=tmp_path / "cluster") as cl:

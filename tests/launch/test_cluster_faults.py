@@ -19,15 +19,10 @@ from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster
 from ascend_rl.cli import ray_cluster as cli
 from ascend_rl.harness import cluster_faults as faults
+from cluster_support import needs_cluster
 
 pytestmark = pytest.mark.ci
 
-try:
-    lib.check_support()
-    NO_CLUSTER = ""
-except lib.Unsupported as exc:
-    NO_CLUSTER = f"needs root and `ip netns`: {exc}"
-needs_cluster = pytest.mark.skipif(bool(NO_CLUSTER), reason=NO_CLUSTER)
 
 PY = sys.executable
 

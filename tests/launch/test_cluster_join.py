@@ -18,11 +18,10 @@ import pytest
 
 from ascend_rl import cluster as lib
 from ascend_rl.paths import REPO
+from cluster_support import NO_CLUSTER
 
-try:
-    lib.check_support()
-except lib.Unsupported as exc:
-    pytest.skip(f"needs root and `ip netns`: {exc}", allow_module_level=True)
+if NO_CLUSTER:
+    pytest.skip(NO_CLUSTER, allow_module_level=True)
 
 from test_cluster import leftovers  # noqa: E402  (tests/launch: what a cluster leaves behind)
 
