@@ -852,7 +852,9 @@ def _exact(s: str) -> _Value | None:
 
 
 class _Key(NamedTuple):
-    values: tuple[frozenset, ...]  # the value at each point (one when no letter or \pi is in it)
+    values: tuple[
+        frozenset, frozenset
+    ]  # the value at each of the two points (the same twice without unknowns)
     exact: bool  # no finite decimal in it
 
 
@@ -863,11 +865,11 @@ def _key(s: str) -> _Key | None:
         return None
     try:
         parser = _Exact(s)
-        first = parser.value(0)
-        points = (first, parser.value(1)) if parser.symbols else (first,)
+        first = frozenset(parser.value(0).items())
+        second = frozenset(parser.value(1).items()) if parser.symbols else first
     except _EXACT_ERRORS:
         return None
-    return _Key(tuple(frozenset(point.items()) for point in points), parser.exact)
+    return _Key((first, second), parser.exact)
 
 
 def _key_verdict(a: str, t: str) -> bool | None:
@@ -876,15 +878,9 @@ def _key_verdict(a: str, t: str) -> bool | None:
     ak, tk = _key(a), _key(t)
     if ak is None or tk is None:
         return None
-    if len(ak.values) != len(tk.values):  # a letter on one side only: compare both at both points
-        ak, tk = _key_at_both(a, ak), _key_at_both(t, tk)
     if ak.values == tk.values:
         return True
     return False if ak.exact and tk.exact else None
-
-
-def _key_at_both(s: str, key: _Key) -> _Key:
-    return key if len(key.values) == 2 else _Key(key.values * 2, key.exact)
 
 
 _UNIT_SPELLINGS = {  # the words for one unit that models write
@@ -1160,7 +1156,7 @@ def _values(s: str) -> set[tuple[frozenset, ...]] | None:
             key = _key(text)
             if key is None or not key.exact:  # decimals keep math_verify's rounding
                 return None
-            values.add(key.values if len(key.values) == 2 else key.values * 2)
+            values.add(key.values)
     return values
 
 
