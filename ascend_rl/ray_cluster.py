@@ -39,6 +39,7 @@ import struct
 import sys
 import sysconfig
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,9 +198,7 @@ def settled(nodes) -> list[dict]:
     entries at its address (`ray_start.sh --worker` soon after a loss); it counts once the stale one is dead,
     so a run does not start while Ray still lists a raylet that is gone."""
     alive = [node for node in nodes if node.get("Alive")]
-    per_address: dict[object, int] = {}
-    for node in alive:
-        per_address[node.get("NodeManagerAddress")] = per_address.get(node.get("NodeManagerAddress"), 0) + 1
+    per_address = Counter(node.get("NodeManagerAddress") for node in alive)
     return [node for node in alive if per_address[node.get("NodeManagerAddress")] == 1]
 
 
