@@ -9,22 +9,12 @@ import pytest
 from test_reward import load_reward
 
 from ascend_rl.paths import REPO
-from llm_rl.qwen2_5.bench_reward import HOSTILE, make_step
+from llm_rl.qwen2_5.bench_reward import HOSTILE, left_to_sympy, make_step
 
 
 @pytest.fixture(scope="module")
 def reward():
     return load_reward()
-
-
-def left_to_sympy(reward, items) -> int:
-    left = 0
-    for response, truth in items:
-        prepared = reward._prepare(response, truth)
-        left += (
-            prepared.answer is not None and reward.fast_verdict(prepared.answer.text, prepared.truths) is None
-        )
-    return left
 
 
 def test_the_sympy_share_decides_which_answers_reach_sympy(reward):
