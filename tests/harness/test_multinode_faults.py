@@ -122,6 +122,19 @@ def _node(ip: str, node_id: str, alive: bool = True, why: str = "", **resources:
     }
 
 
+def _watch_lost_nodes(read_nodes, **kwargs) -> tuple[tuple | None, float]:
+    """ray_cluster.watch_run watching nodes every 2 s on a clock its sleeps advance: (what it found, when)."""
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    found = ray_cluster.watch_run(
+        lambda: {}, read_nodes, 600, interval=2, sleep=sleep, clock=lambda: now[0], lost_nodes=True, **kwargs
+    )
+    return found, now[0]
+
+
 @ci
 def test_the_watch_notices_a_node_it_saw_alive_go_dead_and_nothing_else():
     why = "health check failed due to missing too many heartbeats"
@@ -135,21 +148,8 @@ def test_the_watch_notices_a_node_it_saw_alive_go_dead_and_nothing_else():
             [head, old, {**worker, "Alive": False, "DeathReasonMessage": why}],
         ]
     )
-    now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    found = ray_cluster.watch_run(
-        lambda: {},
-        lambda: next(looks),
-        600,
-        interval=2,
-        sleep=sleep,
-        clock=lambda: now[0],
-        lost_nodes=True,
-    )
-    assert found is not None and now[0] == 4
+    found, now = _watch_lost_nodes(lambda: next(looks))
+    assert found is not None and now == 4
     kind, node, line = found
     assert kind == "lost" and node["NodeID"] == "w"
     assert line == (
@@ -185,25 +185,14 @@ def test_the_watch_notices_a_node_it_saw_alive_go_dead_and_nothing_else():
 def test_a_node_whose_raylet_stops_answering_is_lost_before_ray_marks_it_dead():
     head = {**_node("198.18.0.1", "h", CPU=4.0), "NodeManagerPort": 40001}
     worker = {**_node("198.18.0.2", "w", CPU=4.0), "NodeManagerPort": 40002}
-    now = [0.0]
     answers = iter([True, True, False, False, False, True, False, False, False, False, False, False])
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    found = ray_cluster.watch_run(
-        lambda: {},
+    found, now = _watch_lost_nodes(
         lambda: [head, worker],  # Ray still counts both alive
-        600,
-        interval=2,
-        sleep=sleep,
-        clock=lambda: now[0],
-        lost_nodes=True,
         reachable=lambda node: node["NodeID"] == "h" or next(answers),
         unreachable_timeout=8,
     )
     # silent from t=12 (an answer at t=10 reset it): lost at t=20, not at t=12
-    assert found is not None and now[0] == 20, now
+    assert found is not None and now == 20, now
     kind, node, line = found
     assert kind == "lost" and node["NodeID"] == "w"
     assert line == (
@@ -244,25 +233,14 @@ def test_a_node_back_before_ray_marked_its_old_raylet_dead_is_waited_for_and_is_
         + [[head, dead_stale, back]] * 3
         + [[head, dead_stale, {**back, "Alive": False}]]
     )
-    now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    found = ray_cluster.watch_run(
-        lambda: {},
+    found, now = _watch_lost_nodes(
         lambda: next(looks),
-        600,
-        interval=2,
-        sleep=sleep,
-        clock=lambda: now[0],
-        lost_nodes=True,
         reachable=lambda node: node["NodeID"] != "w-old",  # the stale raylet's port takes no connection
         unreachable_timeout=4,
     )
     assert found is not None
     kind, node, line = found
-    assert kind == "lost" and node["NodeID"] == "w" and now[0] == 18, (node["NodeID"], now)
+    assert kind == "lost" and node["NodeID"] == "w" and now == 18, (node["NodeID"], now)
     assert line.startswith("node 198.18.0.2 (node2) left the Ray cluster while the run was going")
 
 
