@@ -12,9 +12,10 @@ patches/<overlay>/ (`cpu`), and a recipe's `id_prefix` (recipe.toml, [patches]) 
 llm_rl/<recipe>/patches/.
 
 Headers. DEP-3 fields (Description, Author, Origin, Bug, Forwarded, Applied-Upstream,
-Last-Update) plus four of this repository's: Symbols (the upstream names the diff touches),
+Last-Update) plus five of this repository's: Symbols (the upstream names the diff touches),
 Verified (what was checked here, against which artifact), Needs-Hardware (what only an
-Ascend host can show, or "none") and Retire-When. Every header line fits in 80 columns;
+Ascend host can show, or "none"), Retire-When, and Installs (`Installs: DEST from SOURCE`,
+repeatable: a module of this repository the patch adds to the tree; ascend_rl/patchset.py). Every header line fits in 80 columns;
 Forwarded is `no`, `not-needed` or a URL, and a patch not forwarded says why in a
 "Not forwarded:" line of its Description.
 
@@ -57,8 +58,8 @@ REQUIRED = (
     "Retire-When",
     "Last-Update",
 )
-OPTIONAL = ("Bug", "Applied-Upstream", "Reviewed-by")
-REPEATABLE = ("Bug",)
+OPTIONAL = ("Bug", "Applied-Upstream", "Reviewed-by", "Installs")
+REPEATABLE = ("Bug", "Installs")
 ORIGIN_KEYWORDS = ("upstream", "backport", "vendor", "other")
 URL = re.compile(r"^https?://\S+$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

@@ -2,6 +2,11 @@
 
 The overlay tool builds on this: every patch of a series is checked against an
 in-memory view of the tree before a single file on disk changes.
+
+A patch's diffs change upstream's own lines. A module the patch adds to the tree is a real file of this
+repository, named in the header by an `Installs:` field (`Installs: DEST from SOURCE`, DEST inside the tree,
+SOURCE relative to the repository root); parse() reads SOURCE and turns it into a new-file diff of DEST, so
+applying, reverting, status and the journal treat it exactly like a diff that creates the file.
 """
 
 from __future__ import annotations
@@ -10,7 +15,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from ascend_rl.paths import REPO
+
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_INSTALLS = re.compile(r"^Installs:[ \t]*(.*)$")
 _UNSUPPORTED = (b"rename from", b"rename to", b"copy from", b"copy to", b"GIT binary patch", b"Binary files")
 
 
@@ -110,8 +118,9 @@ def patch_id(path: Path) -> str | None:
     return m.group(1) if m else None
 
 
-def parse(path: Path) -> Patch:
-    """Parse a unified diff file (git or plain `diff -u` style); PatchError on anything malformed."""
+def parse(path: Path, root: Path | None = None) -> Patch:
+    """Parse a unified diff file (git or plain `diff -u` style) and the modules its header installs (SOURCE paths
+    relative to `root`, default: this repository); PatchError on anything malformed."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -150,6 +159,8 @@ def parse(path: Path) -> Patch:
         elif line.startswith(b"@@") and files:
             raise PatchError(f"{Path(path).name}: line {i + 1}: hunk outside a file section (corrupt patch)")
         i += 1
+    header_lines = lines if header_end is None else lines[:header_end]
+    files = installs(header_lines, Path(path), root) + files
     if not files:
         raise PatchError(f"{Path(path).name}: no file diffs found (corrupt or empty patch)")
     seen: set[str] = set()
@@ -157,8 +168,50 @@ def parse(path: Path) -> Patch:
         if fp.path in seen:
             raise PatchError(f"{Path(path).name}: {fp.path} appears twice; merge its hunks into one section")
         seen.add(fp.path)
-    header = data[: sum(len(ln) for ln in lines[: header_end or 0])].decode("utf-8", "replace")
+    header = b"".join(header_lines).decode("utf-8", "replace")
     return Patch(Path(path), header, files)
+
+
+def installs(header: list[bytes], patch: Path, root: Path | None = None) -> list[FilePatch]:
+    """The new-file diffs of the header's `Installs: DEST from SOURCE` fields (a field may wrap onto ` `-indented
+    continuation lines); SOURCE is read from `root` (default: the repository) and must stay inside it."""
+    if root is None:
+        root = REPO
+    values: list[str] = []
+    current: int | None = None  # the Installs value a continuation line extends
+    for raw in header:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        m = _INSTALLS.match(line)
+        if m:
+            values.append(m.group(1).strip())
+            current = len(values) - 1
+        elif current is not None and line[:1] in (" ", "\t") and line.strip() not in ("", "."):
+            values[current] += " " + line.strip()
+        else:
+            current = None
+    found = []
+    for value in values:
+        parts = value.split()
+        if len(parts) != 3 or parts[1] != "from":
+            raise PatchError(f"{patch.name}: 'Installs: {value}' is not 'Installs: DEST from SOURCE'")
+        dest, source = safe_relpath(parts[0], patch), safe_relpath(parts[2], patch)
+        base = Path(root).resolve()
+        file = (base / source).resolve()
+        if not file.is_relative_to(base):
+            raise PatchError(
+                f"{patch.name}: Installs source {source} leaves the repository; refusing this patch"
+            )
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise PatchError(
+                f"{patch.name}: Installs source {source} cannot be read ({exc.strerror}); restore it"
+            ) from exc
+        if not data:
+            raise PatchError(f"{patch.name}: Installs source {source} is empty; restore it")
+        body = data.splitlines(keepends=True)
+        found.append(FilePatch(None, dest, [Hunk(0, 1, [], body, header=f"@@ -0,0 +1,{len(body)} @@")]))
+    return found
 
 
 def _parse_hunk(lines: list[bytes], i: int, path: Path) -> tuple[Hunk, int]:
