@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -32,13 +31,11 @@ def patched(patched_verl) -> Path:
 
 
 @pytest.fixture(scope="module")
-def eo(patched):
-    spec = importlib.util.spec_from_file_location(
-        "explicit_offload", patched / "verl/utils/explicit_offload.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def eo():
+    """The module ds-0004 installs, imported from the repository (test_installs.py: the tree holds these bytes)."""
+    from llm_rl.deepseek_r1.verl_modules import explicit_offload
+
+    return explicit_offload
 
 
 def _methods(path: Path, cls: str, names: list[str], namespace: dict) -> dict:

@@ -395,9 +395,10 @@ def test_sync_refuses_nz_weights_like_wake_up(upstream, patched, rollout_factory
         _sync(rollout, trainer_weights(1))
 
 
-def test_off_vllm_ascend_the_sync_is_load_weights(patched):
+def test_off_vllm_ascend_the_sync_is_load_weights():
     """A model with no vllm_ascend classes: sync_weights only runs prepare and load_weights."""
-    sync = _load(patched / "verl/utils/vllm/ascend_weight_sync.py", "ascend_weight_sync_plain")
+    from llm_rl.deepseek_r1.verl_modules import ascend_weight_sync as sync
+
     calls = []
 
     class Plain(torch.nn.Module):

@@ -58,7 +58,10 @@ def tree(tmp_path_factory, pristine_base) -> Path:
 
 @pytest.fixture(scope="module")
 def offload_mod(tree):
-    return _load(tree / "verl/utils/explicit_offload.py", "explicit_offload_071")
+    """The module ds-0104 installs, imported from the repository (test_installs.py: the tree holds these bytes)."""
+    from llm_rl.deepseek_r1.verl_modules import explicit_offload
+
+    return explicit_offload
 
 
 def _runner(model, blocks: int = 3):
