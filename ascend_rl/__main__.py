@@ -67,6 +67,10 @@ TOOLS = {
         "GRPO through the Qwen launcher on CPU: a tiny model learns (make demo)",
     ),
     "demo_inprocess": ("ascend_rl.harness.inprocess", "the older in-process GRPO loop (make demo-inprocess)"),
+    "layout": (
+        "ascend_rl.layout",
+        "docs/layout.md's module list, generated from the tree (--check: is it current)",
+    ),
     "make_problems": ("ascend_rl.harness.make_problems", "regenerate the bundled demo problems"),
 }
 RECIPE_TOOLS = (
