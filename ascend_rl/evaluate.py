@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_rl import paths
+from ascend_rl.manifest import verl_tree
 from ascend_rl.paths import REPO
 
 RECIPE_DIR = REPO / "llm_rl" / "qwen2_5"
@@ -56,10 +56,10 @@ class Problem:
 
 def default_verl_dir() -> Path:
     """The patched verl tree verl.model_merger is imported from: the CPU tree where it exists, else the recipe's."""
-    for tree in (paths.verl_tree("qwen2_5", "cpu"), paths.verl_tree("qwen2_5")):
+    for tree in (verl_tree("qwen2_5", "cpu"), verl_tree("qwen2_5")):
         if (tree / "verl" / "model_merger").is_dir():
             return tree
-    return paths.verl_tree("qwen2_5")
+    return verl_tree("qwen2_5")
 
 
 def checkpoint_actor(path: Path) -> Path | None:

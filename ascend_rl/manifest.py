@@ -194,3 +194,11 @@ def with_overlay(recipe: Recipe, name: str) -> Recipe:
         series=recipe.series + series,
         tree=f"{recipe.project}-{recipe.version}-{name}",
     )
+
+
+def verl_tree(recipe: str, overlay: str | None = None, base: str | None = None) -> Path:
+    """The verl tree the overlay tool materialises for `recipe` on `base` (default: the recipe's default
+    base): llm_rl/<recipe>/verl-<base>/ (git-ignored), or the overlay's own tree of it
+    (llm_rl/<recipe>/verl-<base>-<overlay>/: the recipe's series plus the overlay's)."""
+    spec = load_recipe(recipe, base)
+    return (with_overlay(spec, overlay) if overlay else spec).default_target

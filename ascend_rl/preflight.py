@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_rl import paths
+from ascend_rl.manifest import verl_tree
 from ascend_rl.paths import REPO
 
 TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
@@ -88,7 +88,7 @@ class Check:
 
 def default_verl_dir(recipe: str, base: str | None = None) -> Path:
     """Where the overlay tool materialises a recipe's verl tree on `base` (default: the recipe's default)."""
-    return paths.verl_tree(recipe, base=base)
+    return verl_tree(recipe, base=base)
 
 
 def _overlay(
@@ -120,7 +120,7 @@ def _overlay(
 def overlay_tree(recipe: str, overlay: str, base: str | None = None) -> Path:
     """The overlay's own tree of a recipe (llm_rl/<recipe>/verl-<base>-<overlay>/): built by the preflight,
     disposable."""
-    return paths.verl_tree(recipe, overlay, base)
+    return verl_tree(recipe, overlay, base)
 
 
 def prepare_tree(

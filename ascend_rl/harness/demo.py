@@ -24,10 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from ascend_rl import paths, runner
+from ascend_rl import runner
 from ascend_rl.data.util import write_json_atomic
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
+from ascend_rl.manifest import verl_tree
 from ascend_rl.paths import REPO, child_env
 
 RUN = "train"
@@ -182,7 +183,7 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
         "--max-tokens",
         str(MAX_TOKENS),
         "--verl-dir",
-        str(paths.verl_tree("qwen2_5", "cpu", args.base)),
+        str(verl_tree("qwen2_5", "cpu", args.base)),
         "--merged-dir",
         str(args.out / "model_after"),
     ]

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from ascend_rl import paths
 from ascend_rl.data.util import DataError
 from ascend_rl.harness.verl_env import DemoError
+from ascend_rl.manifest import verl_tree
 from ascend_rl.paths import REPO
 
 EXIT_REFUSED, EXIT_USAGE = 1, 2
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--verl-tree",
         type=Path,
-        default=paths.verl_tree("qwen2_5", base="0.6.0"),
+        default=verl_tree("qwen2_5", base="0.6.0"),
         help="where the patched verl 0.6.0 tree is fetched and patched (default: llm_rl/qwen2_5/verl)",
     )
     parser.add_argument(

@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ascend_rl.paths import verl_tree
+from ascend_rl.manifest import verl_tree
 
 RECIPE = "qwen2_5"
 BASE = "0.6.0"  # the in-process harness imports the .venv's verl, which is 0.6.0 (scripts/setup_dev.sh)
