@@ -1,11 +1,10 @@
 # Entry points. Each target sets up .venv first (scripts/setup_dev.sh, idempotent).
 PY := .venv/bin/python
 
-.PHONY: help setup test test-full demo demo-inprocess dry-run lint e2e e2e-setup
+.PHONY: help setup test test-full demo dry-run lint e2e e2e-setup
 
 help:
 	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU: a tiny model learns, held-out before/after"
-	@echo "make demo-inprocess  the older in-process GRPO loop (.venv only, no vLLM; --compare shows the old-log-prob skip)"
 	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe, the 2-node join (budget 30 min fresh)"
 	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
 	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume and 2 ranks, DeepSeek (Megatron) on both bases (+ --runs deepseek-2n: 2 simulated nodes)"
@@ -30,9 +29,6 @@ test-full:
 # DEMO_ARGS passes options to ascend_rl/harness/demo.py (e.g. DEMO_ARGS="--steps 8").
 demo: e2e-setup
 	.venv-e2e/bin/python -m ascend_rl demo $(DEMO_ARGS)
-
-demo-inprocess: setup
-	$(PY) -m ascend_rl demo_inprocess
 
 e2e-setup: setup
 	@bash scripts/setup_e2e.sh

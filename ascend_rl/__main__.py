@@ -66,12 +66,15 @@ TOOLS = {
         "ascend_rl.harness.demo",
         "GRPO through the Qwen launcher on CPU: a tiny model learns (make demo)",
     ),
-    "demo_inprocess": ("ascend_rl.harness.inprocess", "the older in-process GRPO loop (make demo-inprocess)"),
     "layout": (
         "ascend_rl.layout",
         "docs/layout.md's module list, generated from the tree (--check: is it current)",
     ),
     "make_problems": ("ascend_rl.harness.make_problems", "regenerate the bundled demo problems"),
+}
+# Commands that are gone, with what to run instead (CHANGELOG.md says when).
+GONE = {
+    "demo_inprocess": "the in-process GRPO loop is gone; run `make demo` (python3 -m ascend_rl demo)",
 }
 RECIPE_TOOLS = (
     "llm_rl.qwen2_5.prepare_math500",
@@ -98,6 +101,9 @@ def main(argv: list[str]) -> int:
         print(usage())
         return 0
     tool, rest = argv[0], argv[1:]
+    if tool in GONE:
+        print(f"ascend_rl: {tool} was removed: {GONE[tool]}", file=sys.stderr)
+        return 2
     if tool not in TOOLS:
         print(f"ascend_rl: error: unknown tool '{tool}'; known: {', '.join(TOOLS)}", file=sys.stderr)
         return 2

@@ -1,2 +1,2 @@
-"""The CPU proof harness: tiny models, the problems, the warm start, verl in-process, the GRPO driver,
-make e2e and make demo."""
+"""The CPU proof harness: tiny models, the problems, the warm start, make e2e, make demo, the fault runs and the
+simulated cluster's runs."""

@@ -34,3 +34,15 @@ def test_help_exits_0_with_usage(argv):
     proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:"), proc.stdout[:500]
+
+
+def test_a_removed_command_says_what_to_run_instead():
+    out = subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "demo_inprocess"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "make demo" in out.stderr

@@ -67,7 +67,7 @@ def _module_patch(tmp_path: Path, pristine: Path, source: str, extra_header: str
     patch = make_patch(
         pristine,
         tmp_path,
-        "0001-padding-and-module",
+        "tst-0001-module",
         {
             PADDING: (
                 "from transformers.integrations.npu_flash_attention import pad_input, unpad_input",
@@ -156,7 +156,7 @@ def test_a_bad_installs_field_is_one_line_and_changes_nothing(
     tmp_path, verl_tree, pristine_verl, field, message
 ):
     patch = make_patch(
-        pristine_verl, tmp_path, "0001-bad", {PADDING: ("import torch\n", "import torch  # t\n")}
+        pristine_verl, tmp_path, "tst-0001-bad", {PADDING: ("import torch\n", "import torch  # t\n")}
     )
     patch.write_text(patch.read_text().replace("Last-Update:", field + "Last-Update:", 1))
     with pytest.raises(patchset.PatchError, match=re.escape(message)):
