@@ -702,154 +702,171 @@ def _logits(sh: Shapes, tokens: int, split: int) -> int:
     return _b(tokens * sh.vocab * (2 + 4) / split)
 
 
-def plan(
-    s: Mapping[str, Any],
-    cfg: Mapping[str, Any],
-    die: Die,
-    *,
-    stage: int | None = None,
-    rollout_released: bool | None = None,
-) -> Plan:
-    """The per-die plan of one GRPO step. `stage`: the PP stage to plan (default: the one that peaks);
-    `rollout_released`: whether offloading the rollout frees its memory (default: yes, except without explicit
-    offload on several NPU nodes, where the original found vLLM's sleep mode did not free it)."""
-    sh = shapes(cfg)
-    lay = _layout(s)
-    if stage is None and lay.strategy == "megatron" and lay.pp > 1:
-        plans = [plan(s, cfg, die, stage=st, rollout_released=rollout_released) for st in range(lay.pp)]
-        worst = max(plans, key=lambda p: p.peak.total)
-        worst.stage_plans = plans
-        return worst
-    stage = stage or 0
-    r = "actor_rollout_ref.rollout."
-    a = "actor_rollout_ref.actor."
-    explicit = bool(s[r + "explicit_offload"])
-    nnodes = int(s["trainer.nnodes"])
-    free_cache = bool(s[r + "free_cache_engine"]) or explicit
-    if rollout_released is None:
-        # without free_cache_engine the engine keeps its memory; with it, sleep mode frees it except on several
-        # NPU nodes, where the original found it did not (the explicit offload does)
-        rollout_released = free_cache and (explicit or nnodes == 1 or str(s["trainer.device"]) != "npu")
-    seq = int(s["data.max_prompt_length"]) + int(s["data.max_response_length"])
-    train_layout = (
-        mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
-    )
-    facts = [
-        ("model", f"{total_params(sh) / 1e9:.2f}B parameters ({cfg.get('model_type')})"),
-        ("die", f"{die.name}: {die.memory / GIB:.0f} GiB ({die.source})"),
-    ]
+@dataclass
+class TrainingState:
+    """What the actor and the reference hold on a die of the planned stage, and where each part is kept."""
 
-    # --- the actor's and reference's state, and what each training rank of the stage holds of it
-    rank_terms: dict[int, dict[str, int]] = {}
+    actor_w: Term
+    grads: Term
+    optim: Term
+    ref_w: Term
+    param_b: int
+    p_off: bool  # actor weights offloaded between phases
+    g_off: bool  # gradients offloaded
+    o_off: bool  # optimizer states offloaded
+    ref_off: bool  # reference weights offloaded
+    rank_terms: dict[int, dict[str, int]]
     main_grads: Term | None = None  # Megatron's fp32 copy of bf16 grads in the optimizer step
-    if lay.strategy == "megatron":
-        assert train_layout is not None
-        m, mref = a + "megatron.", "actor_rollout_ref.ref.megatron."
-        # bf16 weights; an fp32 grad buffer unless override_ddp_config.grad_reduce_in_fp32=False (verl sets it True;
-        # the original system's MindSpeed trainer left Megatron's accumulate_allreduce_grads_in_fp32 at False)
-        grad_fp32 = bool(s[m + "override_ddp_config.grad_reduce_in_fp32"])
-        param_b, grad_b = 2, (4 if grad_fp32 else 2)
-        # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
-        # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
-        # main weights + Adam's two moments of the elements in its rank's part of each
-        dist = bool(s[m + "use_distributed_optimizer"])
-        dense_sizes, expert_sizes = mcore_params(sh, lay.tp, stage, train_layout)
-        dense_buf = GradBuffer.of(dense_sizes, lay.dp, dist)
-        expert_buf = GradBuffer.of(expert_sizes, lay.expert_dp, dist)
-        dense_n, expert_n = dense_buf.params, expert_buf.params
-        n_local = dense_n + expert_n
-        n_buf = dense_buf.numel + expert_buf.numel
-        swap = 16 if bool(s[m + "override_transformer_config.swap_optimizer"]) else 1
-        owned = 0  # the most parameter values a rank of the stage owns in the distributed optimizer
-        for rank in range(lay.world):
-            st, dp_rank, edp_rank = mcore_rank_groups(rank, lay)
-            if st == stage:
-                rank_owned = dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]
-                owned = max(owned, rank_owned)
-                rank_terms[rank] = {
-                    "weights": n_buf * param_b if dist else n_local * param_b,
-                    "gradients": n_buf * grad_b,
-                    "optimizer_states": 12 * rank_owned // swap,
-                }
-        opt = max(t["optimizer_states"] for t in rank_terms.values())
-        if dist and not grad_fp32:
-            # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
-            # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
-            main_grads = Term(
-                "fp32 main grads",
-                4 * owned // swap,
-                "the optimizer step's fp32 copy of the rank's part of the bf16 grads (activations freed)"
-                + (f", 1/{swap} at a time with swap_optimizer" if swap > 1 else ""),
-                estimate=True,
-            )
-        opt_how = (
-            f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
-            f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
-            if dist
-            else "fp32 main weights + Adam m, v (12 B/param) of every local parameter"
+
+
+def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, train_layout) -> TrainingState:
+    """Megatron: the DDP buffers of the stage's ranks, the distributed optimizer's parts, MindSpeed's swap."""
+    a = "actor_rollout_ref.actor."
+    m, mref = a + "megatron.", "actor_rollout_ref.ref.megatron."
+    rank_terms: dict[int, dict[str, int]] = {}
+    main_grads: Term | None = None
+    # bf16 weights; an fp32 grad buffer unless override_ddp_config.grad_reduce_in_fp32=False (verl sets it True;
+    # the original system's MindSpeed trainer left Megatron's accumulate_allreduce_grads_in_fp32 at False)
+    grad_fp32 = bool(s[m + "override_ddp_config.grad_reduce_in_fp32"])
+    param_b, grad_b = 2, (4 if grad_fp32 else 2)
+    # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
+    # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
+    # main weights + Adam's two moments of the elements in its rank's part of each
+    dist = bool(s[m + "use_distributed_optimizer"])
+    dense_sizes, expert_sizes = mcore_params(sh, lay.tp, stage, train_layout)
+    dense_buf = GradBuffer.of(dense_sizes, lay.dp, dist)
+    expert_buf = GradBuffer.of(expert_sizes, lay.expert_dp, dist)
+    dense_n, expert_n = dense_buf.params, expert_buf.params
+    n_local = dense_n + expert_n
+    n_buf = dense_buf.numel + expert_buf.numel
+    swap = 16 if bool(s[m + "override_transformer_config.swap_optimizer"]) else 1
+    owned = 0  # the most parameter values a rank of the stage owns in the distributed optimizer
+    for rank in range(lay.world):
+        st, dp_rank, edp_rank = mcore_rank_groups(rank, lay)
+        if st == stage:
+            rank_owned = dense_buf.owned[dp_rank] + expert_buf.owned[edp_rank]
+            owned = max(owned, rank_owned)
+            rank_terms[rank] = {
+                "weights": n_buf * param_b if dist else n_local * param_b,
+                "gradients": n_buf * grad_b,
+                "optimizer_states": 12 * rank_owned // swap,
+            }
+    opt = max(t["optimizer_states"] for t in rank_terms.values())
+    if dist and not grad_fp32:
+        # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
+        # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
+        main_grads = Term(
+            "fp32 main grads",
+            4 * owned // swap,
+            "the optimizer step's fp32 copy of the rank's part of the bf16 grads (activations freed)"
+            + (f", 1/{swap} at a time with swap_optimizer" if swap > 1 else ""),
+            estimate=True,
         )
-        if swap > 1:
-            opt_how += (
-                f"; MindSpeed swap_optimizer keeps it on the host, 1/{swap} swapped in at a time (estimate)"
-            )
-        p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
-        ref_off = bool(s[mref + "param_offload"])
-        shard = f"TP{lay.tp} PP{lay.pp} (stage {stage}) EP{lay.ep}"
-        pad = f" in DDP buffers padded to {n_buf / 1e9:.3f}B" if dist and n_buf != n_local else ""
-        actor_w = Term(
+    opt_how = (
+        f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
+        f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
+        if dist
+        else "fp32 main weights + Adam m, v (12 B/param) of every local parameter"
+    )
+    if swap > 1:
+        opt_how += (
+            f"; MindSpeed swap_optimizer keeps it on the host, 1/{swap} swapped in at a time (estimate)"
+        )
+    p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
+    shard = f"TP{lay.tp} PP{lay.pp} (stage {stage}) EP{lay.ep}"
+    pad = f" in DDP buffers padded to {n_buf / 1e9:.3f}B" if dist and n_buf != n_local else ""
+    return TrainingState(
+        actor_w=Term(
             "actor weights",
             (n_buf if dist else n_local) * param_b,
             f"{n_local / 1e9:.3f}B params x {param_b} B{pad}, {shard}",
-        )
-        grads = Term(
+        ),
+        grads=Term(
             "actor gradients",
             n_buf * grad_b,
             f"{'fp32' if grad_fp32 else 'bf16'} grad buffer{pad} (grad_reduce_in_fp32={grad_fp32}), {shard}",
-        )
-        ref_w = Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)")
-    else:
-        f = a + "fsdp_config."
-        param_b = 4 if str(s[f + "model_dtype"]) in ("fp32", "float32") else 2
-        grad_b = param_b
-        if lay.strategy == "fsdp2":
-            # every parameter split on dim 0, each shard stored padded to the first shard's rows; Adam's states
-            # (zeros_like the unpadded shard) are not
-            padded = fsdp2_shards(sh, lay.world, 0)[0]
-            for rank in range(lay.world):
-                rank_terms[rank] = {
-                    "weights": padded * param_b,
-                    "gradients": padded * grad_b,
-                    "optimizer_states": 2 * param_b * fsdp2_shards(sh, lay.world, rank)[1],
-                }
-            n_local = padded
-            opt = max(t["optimizer_states"] for t in rank_terms.values())
-            shard = f"FSDP2 over {lay.world}, each parameter's dim 0"
-        else:
-            n_local = -(-total_params(sh) // lay.world)  # FSDP1's flat parameters, each padded to the world
-            opt = 2 * param_b * n_local
-            shard = f"FSDP over {lay.world}"
-        opt_how = f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), {shard}"
-        p_off, o_off = bool(s[f + "param_offload"]), bool(s[f + "optimizer_offload"])
-        g_off = False  # FSDP's gradients are made by the backward pass and freed by zero_grad, never moved
-        ref_off = bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"])
-        actor_w = Term(
-            "actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}"
-        )
-        grads = Term("actor gradients", n_local * grad_b, f"{grad_b} B/param, {shard}")
-        ref_w = Term("reference weights", n_local * 2, f"bf16, {shard}")
-    optim = Term("optimizer states", _b(opt), opt_how)
+        ),
+        optim=Term("optimizer states", _b(opt), opt_how),
+        ref_w=Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)"),
+        param_b=param_b,
+        p_off=p_off,
+        g_off=g_off,
+        o_off=o_off,
+        ref_off=bool(s[mref + "param_offload"]),
+        rank_terms=rank_terms,
+        main_grads=main_grads,
+    )
 
-    # --- the rollout engine
+
+def _fsdp_state(s: Mapping[str, Any], sh: Shapes, lay: Layout) -> TrainingState:
+    """FSDP2 (every parameter's dim 0 sharded, padded) or FSDP1 (flat parameters padded to the world)."""
+    f = "actor_rollout_ref.actor.fsdp_config."
+    param_b = 4 if str(s[f + "model_dtype"]) in ("fp32", "float32") else 2
+    grad_b = param_b
+    rank_terms: dict[int, dict[str, int]] = {}
+    if lay.strategy == "fsdp2":
+        # every parameter split on dim 0, each shard stored padded to the first shard's rows; Adam's states
+        # (zeros_like the unpadded shard) are not
+        padded = fsdp2_shards(sh, lay.world, 0)[0]
+        for rank in range(lay.world):
+            rank_terms[rank] = {
+                "weights": padded * param_b,
+                "gradients": padded * grad_b,
+                "optimizer_states": 2 * param_b * fsdp2_shards(sh, lay.world, rank)[1],
+            }
+        n_local = padded
+        opt = max(t["optimizer_states"] for t in rank_terms.values())
+        shard = f"FSDP2 over {lay.world}, each parameter's dim 0"
+    else:
+        n_local = -(-total_params(sh) // lay.world)  # FSDP1's flat parameters, each padded to the world
+        opt = 2 * param_b * n_local
+        shard = f"FSDP over {lay.world}"
+    return TrainingState(
+        actor_w=Term(
+            "actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}"
+        ),
+        grads=Term("actor gradients", n_local * grad_b, f"{grad_b} B/param, {shard}"),
+        optim=Term(
+            "optimizer states", _b(opt), f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), {shard}"
+        ),
+        ref_w=Term("reference weights", n_local * 2, f"bf16, {shard}"),
+        param_b=param_b,
+        p_off=bool(s[f + "param_offload"]),
+        g_off=False,  # FSDP's gradients are made by the backward pass and freed by zero_grad, never moved
+        o_off=bool(s[f + "optimizer_offload"]),
+        ref_off=bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"]),
+        rank_terms=rank_terms,
+    )
+
+
+@dataclass
+class RolloutTerms:
+    """The vLLM engine on the die: its weights, the profile run's peak and the KV cache it sizes from them."""
+
+    weights: Term
+    activations: Term
+    kv: Term
+    kv_token: int  # one token's K and V of one layer on one rollout rank
+    blocks: int
+    block: int
+
+
+def _rollout_terms(
+    s: Mapping[str, Any], sh: Shapes, lay: Layout, die: Die, state: TrainingState
+) -> RolloutTerms:
+    """vLLM-Ascend 0.13.0's rule (NPUWorker.determine_available_memory): the die's memory x utilisation, less the
+    profile run's peak and everything else allocated on the die (other processes' too) when the engine starts."""
+    r = "actor_rollout_ref.rollout."
     roll_bytes = ROLLOUT_DTYPE_BYTES.get(str(s[r + "dtype"]), 2)
     roll_w = _rollout_weights(sh, lay, roll_bytes)
-    rollout_w = Term(
+    weights = Term(
         "rollout weights",
         roll_w,
         f"{s[r + 'dtype']}, dense / TP{lay.rollout_tp}, experts / EP{lay.rollout_ep} (vLLM, PP1)",
     )
     tokens_budget = int(s[r + "max_num_batched_tokens"])
     seqs = int(s[r + "max_num_seqs"])
-    roll_act = Term(
+    act = Term(
         "rollout activations",
         _layer_work(sh, tokens_budget, lay.rollout_tp) + seqs * sh.vocab * 4,
         f"estimate: one layer for max_num_batched_tokens {tokens_budget} + the sampler's fp32 logits for "
@@ -857,12 +874,10 @@ def plan(
         estimate=True,
     )
     util = float(s[r + "gpu_memory_utilization"])
-    # vLLM-Ascend 0.13.0 (NPUWorker.determine_available_memory): the die's memory x utilisation, less the profile
-    # run's peak and everything else allocated on the die (other processes' too) when the engine starts
-    at_start = [actor_w] if not p_off else []
-    if not ref_off:
-        at_start.append(ref_w)
-    kv = max(0, _b(die.memory * util) - roll_w - roll_act.nbytes - sum(t.nbytes for t in at_start))
+    at_start = [state.actor_w] if not state.p_off else []
+    if not state.ref_off:
+        at_start.append(state.ref_w)
+    kv = max(0, _b(die.memory * util) - roll_w - act.nbytes - sum(t.nbytes for t in at_start))
     if s.get("_vllm_mla_disable") and sh.kv_unabsorbed_bytes_per_token_layer:
         kv_token = sh.kv_unabsorbed_bytes_per_token_layer * roll_bytes // 2 // lay.rollout_tp
     else:
@@ -878,9 +893,15 @@ def plan(
         f"{' + '.join(t.name for t in at_start) or 'nothing else'} at engine start: {blocks} blocks of {block} "
         f"tokens ({kv_token * sh.spec.num_layers} B/token) = {blocks * block} tokens",
     )
-    facts.append(("KV cache", f"{kv / GIB:.2f} GiB = {blocks} blocks of {block} tokens"))
+    return RolloutTerms(weights, act, kv_t, kv_token, blocks, block)
 
-    # --- activations (estimates)
+
+def _activation_terms(
+    s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, train_layout
+) -> tuple[Term, Callable[[str, str], Term]]:
+    """Estimates: the update's activations on the stage (1F1B in flight, checkpointing) and a forward pass's."""
+    a, r = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    seq = int(s["data.max_prompt_length"]) + int(s["data.max_response_length"])
     n_layers_here = (
         sum(
             1
@@ -925,7 +946,15 @@ def plan(
             estimate=True,
         )
 
-    # --- the reshard buffers of the weight sync
+    return train_act, fwd_act
+
+
+def _reshard_terms(
+    s: Mapping[str, Any], sh: Shapes, lay: Layout, train_layout, param_b: int, roll_w: int, facts: list
+) -> list[Term]:
+    """The weight sync's transient buffers: routed experts (the AlltoAllV plan or the EP all-gather), the largest
+    dense tensor's gather and cast, and the server-mode sync's bucket."""
+    r = "actor_rollout_ref.rollout."
     reshard: list[Term] = []
     method = str(s[r + "expert_reshard"])
     if sh.spec.num_experts and lay.strategy == "megatron":
@@ -980,8 +1009,26 @@ def plan(
                 "the server-mode sync's bucket (update_weights_bucket_megabytes)",
             )
         )
+    return reshard
 
-    # --- residency by phase, in verl's order
+
+def _phases(
+    s: Mapping[str, Any],
+    state: TrainingState,
+    roll: RolloutTerms,
+    train_act: Term,
+    fwd_act: Callable[[str, str], Term],
+    reshard: list[Term],
+    *,
+    explicit: bool,
+    free_cache: bool,
+    rollout_released: bool,
+    facts: list,
+) -> list[Phase]:
+    """What the die holds in each phase of the step and each transition between them, in verl's order."""
+    actor_w, grads, optim, ref_w = state.actor_w, state.grads, state.optim, state.ref_w
+    p_off, g_off, o_off, ref_off = state.p_off, state.g_off, state.o_off, state.ref_off
+    rollout_w, kv_t, roll_w = roll.weights, roll.kv, roll.weights.nbytes
     opt_resident = [] if o_off else [optim]
     actor_resident_gen = [] if p_off else [actor_w]
     ref_resident = [] if ref_off else [ref_w]
@@ -989,9 +1036,12 @@ def plan(
     released_note = (
         "" if rollout_released else " (sleep mode left the rollout's weights and KV cache on the die)"
     )
-    recompute = bool(s[a + "recompute_old_log_prob"])
+    recompute = bool(s["actor_rollout_ref.actor.recompute_old_log_prob"])
     phases = [
-        Phase("generation", [rollout_w, kv_t, roll_act, *actor_resident_gen, *opt_resident, *ref_resident]),
+        Phase(
+            "generation",
+            [rollout_w, kv_t, roll.activations, *actor_resident_gen, *opt_resident, *ref_resident],
+        ),
         Phase(
             "offload rollout",
             [*stay, *actor_resident_gen, *opt_resident, *ref_resident],
@@ -1030,6 +1080,7 @@ def plan(
         )
     else:
         facts.append(("old-log-prob forward", "skipped (actor.recompute_old_log_prob=False)"))
+    main_grads = state.main_grads
     phases += [
         Phase(
             "onload actor",
@@ -1079,6 +1130,68 @@ def plan(
             note="actor weights offloaded, then the KV cache allocated" if p_off else "KV cache allocated",
         ),
     ]
+    return phases
+
+
+def plan(
+    s: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    die: Die,
+    *,
+    stage: int | None = None,
+    rollout_released: bool | None = None,
+) -> Plan:
+    """The per-die plan of one GRPO step. `stage`: the PP stage to plan (default: the one that peaks);
+    `rollout_released`: whether offloading the rollout frees its memory (default: yes, except without explicit
+    offload on several NPU nodes, where the original found vLLM's sleep mode did not free it)."""
+    sh = shapes(cfg)
+    lay = _layout(s)
+    if stage is None and lay.strategy == "megatron" and lay.pp > 1:
+        plans = [plan(s, cfg, die, stage=st, rollout_released=rollout_released) for st in range(lay.pp)]
+        worst = max(plans, key=lambda p: p.peak.total)
+        worst.stage_plans = plans
+        return worst
+    stage = stage or 0
+    r = "actor_rollout_ref.rollout."
+    explicit = bool(s[r + "explicit_offload"])
+    free_cache = bool(s[r + "free_cache_engine"]) or explicit
+    if rollout_released is None:
+        # without free_cache_engine the engine keeps its memory; with it, sleep mode frees it except on several
+        # NPU nodes, where the original found it did not (the explicit offload does)
+        rollout_released = free_cache and (
+            explicit or int(s["trainer.nnodes"]) == 1 or str(s["trainer.device"]) != "npu"
+        )
+    train_layout = (
+        mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
+    )
+    facts = [
+        ("model", f"{total_params(sh) / 1e9:.2f}B parameters ({cfg.get('model_type')})"),
+        ("die", f"{die.name}: {die.memory / GIB:.0f} GiB ({die.source})"),
+    ]
+    # the phase seams: training state, rollout engine, activations, reshard buffers, residency by phase
+    state = (
+        _megatron_state(s, sh, lay, stage, train_layout)
+        if lay.strategy == "megatron"
+        else _fsdp_state(s, sh, lay)
+    )
+    roll = _rollout_terms(s, sh, lay, die, state)
+    facts.append(
+        ("KV cache", f"{roll.kv.nbytes / GIB:.2f} GiB = {roll.blocks} blocks of {roll.block} tokens")
+    )
+    train_act, fwd_act = _activation_terms(s, sh, lay, stage, train_layout)
+    reshard = _reshard_terms(s, sh, lay, train_layout, state.param_b, roll.weights.nbytes, facts)
+    phases = _phases(
+        s,
+        state,
+        roll,
+        train_act,
+        fwd_act,
+        reshard,
+        explicit=explicit,
+        free_cache=free_cache,
+        rollout_released=rollout_released,
+        facts=facts,
+    )
     comms = 0
     if lay.world > 1:
         comms = (
@@ -1097,8 +1210,8 @@ def plan(
         facts,
         stage,
         hint,
-        kv_bytes_per_token=kv_token * sh.spec.num_layers,
-        rank_terms=rank_terms,
+        kv_bytes_per_token=roll.kv_token * sh.spec.num_layers,
+        rank_terms=state.rank_terms,
     )
 
 
