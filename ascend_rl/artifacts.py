@@ -12,6 +12,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from ascend_rl import locks
 from ascend_rl.paths import REPO
 
 
@@ -247,8 +248,6 @@ _MEGATRON_LAYOUT = 1
 
 def megatron_packages(python: Path) -> Path:
     """The folder holding megatron-core and mbridge for `python` (built on a miss; stamped when complete)."""
-    import fcntl
-
     pins = [f"{name}=={pinned(name)}" for name in MEGATRON_PACKAGES]
     tag = subprocess.run(
         [str(python), "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
@@ -263,8 +262,7 @@ def megatron_packages(python: Path) -> Path:
     stamp = folder / ".recipes-ok"
     if stamp.is_file():
         return folder
-    with open(cache_dir() / "megatron.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locks.exclusive(cache_dir() / "megatron.lock"):
         if stamp.is_file():  # another process built it while this one waited
             return folder
         shutil.rmtree(folder, ignore_errors=True)  # no stamp: a build that died part-way

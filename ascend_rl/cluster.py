@@ -26,7 +26,6 @@ namespaces and the bridge last.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -40,6 +39,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ascend_rl import locks
+from ascend_rl.errors import EXIT_REFUSED, EXIT_USAGE
+
 PREFIX = "arcl"  # netns arcl-NAME-I, bridge arclSbr, host end of node I's veth arclShI
 RUNTIME = Path("/run/ascend_rl-cluster")  # one state file per cluster: NAME.json
 DEFAULT_ROOT = Path(
@@ -50,7 +52,6 @@ SLOTS = 512  # 198.18.0.0/15 as /24s: slot S -> 198.(18 + S // 256).(S % 256).0/
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}\Z")
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
-EXIT_REFUSED, EXIT_USAGE = 1, 2
 NAMESPACES = ("net", "mnt", "pid", "uts", "ipc")
 
 # PID 1 of a node: reaps every orphan of the node (a daemonising `ray start` leaves many), ignores the
@@ -255,12 +256,8 @@ def _disable_ipv6(link: str) -> None:
 @contextlib.contextmanager
 def _lock():
     RUNTIME.mkdir(parents=True, exist_ok=True)
-    with open(RUNTIME / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with locks.exclusive(RUNTIME / ".lock"):
+        yield
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -30,7 +30,6 @@ from ascend_rl.paths import REPO
 
 RECIPE_DIR = REPO / "llm_rl" / "qwen2_5"
 DEFAULT_REWARD = RECIPE_DIR / "new_math_reward.py"
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 COMPONENTS = ("score", "accuracy", "format", "cot")
 
 

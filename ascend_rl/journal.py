@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -16,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_rl import patchset
+from ascend_rl import locks, patchset
 from ascend_rl.errors import OverlayError
 
 
@@ -160,9 +159,7 @@ def tree_lock(
             raise OverlayError(
                 f"cannot create the lock file {path} ({exc.strerror}); is the tree writable?"
             ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not locks.try_flock(fd):
             os.close(fd)
             holder = _lock_holder(path)
             if time.monotonic() >= deadline:

@@ -17,12 +17,12 @@ import re
 import sys
 from pathlib import Path
 
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
 from ascend_rl.paths import REPO
 
 DOC = REPO / "docs" / "layout.md"
 ROOTS = ("ascend_rl", "llm_rl", "scripts", "docker", "tests", ".ci")
 BLOCK = re.compile(r"(<!-- layout:modules -->\n)(.*?)(<!-- layout:end -->)", re.S)
-EXIT_OK, EXIT_STALE, EXIT_USAGE = 0, 1, 2
 
 
 class LayoutError(Exception):
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         current, fresh = regenerated()
     except LayoutError as exc:
         print(f"layout: {exc}", file=sys.stderr)
-        return EXIT_STALE
+        return EXIT_REFUSED
     if current == fresh:
         print(f"layout: {DOC.relative_to(REPO)} is current")
         return EXIT_OK
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             f"layout: {DOC.relative_to(REPO)} is stale; run: python3 -m ascend_rl layout --write",
             file=sys.stderr,
         )
-        return EXIT_STALE
+        return EXIT_REFUSED
     tmp = DOC.with_name(DOC.name + ".tmp")
     tmp.write_text(fresh, encoding="utf-8")
     tmp.replace(DOC)

@@ -43,7 +43,6 @@ from ascend_rl import artifacts, manifest, patchset
 from ascend_rl.patchset import patch_id
 from ascend_rl.paths import REPO
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 WIDTH = 80
 
 REQUIRED = (

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 from ascend_rl import evaluate as _library
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
 from ascend_rl.evaluate import (
     DEFAULT_REWARD,
-    EXIT_OK,
-    EXIT_REFUSED,
     EvalError,
     build_engine,
     context_length,

@@ -8,10 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from ascend_rl.patchdoc import (
-    EXIT_OK,
-    EXIT_PROBLEMS,
-    EXIT_USAGE,
     DocError,
     _norm,
     all_patches,
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"patchdoc: {problem}", file=sys.stderr)
             if not problems:
                 print(f"patchdoc: {len(all_patches())} patch headers valid, {len(readmes())} READMEs current")
-            return EXIT_PROBLEMS if problems else EXIT_OK
+            return EXIT_REFUSED if problems else EXIT_OK
         changed = 0
         sdists = base_sdists() if (args.symbols or args.trees) else {}
         if args.symbols:
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         print(f"patchdoc: error: {exc}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

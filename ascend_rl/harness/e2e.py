@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from ascend_rl.data.util import write_json_atomic
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
 from ascend_rl.harness import multinode
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import (
@@ -91,7 +92,6 @@ RESUMES = {"resume": "sync", "v071-resume": "v071"}
 # BatchRewardManager hands compute_score_batch a step's lists; the per-answer manager would hand it one string each
 # and the run would fail). verl 0.7.1 has no batch manager (the Qwen README says where).
 REWARD_PATHS = {"resume": ("batch", "compute_score_batch")}
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_all(args)
     except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_REFUSED
 
 
 def run_all(args: argparse.Namespace) -> int:
@@ -641,7 +641,7 @@ def run_all(args: argparse.Namespace) -> int:
         ]
     except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_REFUSED
     summary = summarise(results, args)
     runs_s = sum(r.wall_s for r in results)
     summary["wall_s"] = {"setup": round(setup_s, 1), "runs": round(runs_s, 1)}
@@ -654,7 +654,7 @@ def run_all(args: argparse.Namespace) -> int:
         f"e2e: runs {runs_s:.0f} s (set-up {setup_s:.0f} s), peak memory {summary['peak_pss_gib']:.1f} GiB (PSS); "
         f"wrote {args.out / 'summary.json'}"
     )
-    return EXIT_OK if all(c["ok"] for c in summary["checks"]) else EXIT_FAIL
+    return EXIT_OK if all(c["ok"] for c in summary["checks"]) else EXIT_REFUSED
 
 
 if __name__ == "__main__":

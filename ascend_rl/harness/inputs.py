@@ -12,7 +12,6 @@ share one warm start, however many output folders and test workers there are.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -20,6 +19,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ascend_rl import locks
 from ascend_rl.paths import REPO
 
 # The tiny policy: head_dim 32 (vLLM's CPU attention takes 32, 64, ... 256), two layers.
@@ -62,12 +62,8 @@ def cache_key(want: dict, prefix: str) -> str:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive flock on path for the block: a second builder waits; the kernel lets go if the holder dies."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locks.exclusive(path):
         yield
-    finally:
-        os.close(fd)
 
 
 def shared_inputs(want: dict, build: Callable[[Path, Path], None], prefix: str) -> tuple[Path, bool]:

@@ -13,7 +13,6 @@ it appears) and the last error line of a failed run.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_rl import runner
+from ascend_rl import locks, runner
 from ascend_rl.harness import shm
 from ascend_rl.paths import HARNESS_HOOKS, REPO
 
@@ -227,22 +226,13 @@ def out_lock(out: Path, prefix: str = "e2e"):
     one folder would remove each other's run folders and interleave their summaries. flock: the kernel lets
     go when the holder dies (kill -9 included), so a killed run never leaves the folder locked."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = path.read_text(encoding="utf-8").strip()
-        os.close(fd)
+        with locks.exclusive(out / ".lock", wait=False, write_pid=True):
+            yield
+    except locks.Busy as busy:
         raise HarnessError(
-            f"another {prefix} command (pid {holder or '?'}) is using {out}; let it finish, or pass another --out"
+            f"another {prefix} command (pid {busy.holder or '?'}) is using {out}; let it finish, or pass another --out"
         ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)
 
 
 def tracked_step(ckpt_root: Path) -> int | None:
