@@ -29,8 +29,8 @@ TOOLS = {
         "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",
     ),
-    "check_stack": ("ascend_rl.cli.stack", "compare the installed Ascend stack with constraints.txt"),
-    "check_imports": (
+    "stack": ("ascend_rl.cli.stack", "compare the installed Ascend stack with constraints.txt"),
+    "compat": (
         "ascend_rl.cli.compat",
         "resolve every import of a verl tree against the pinned wheels",
     ),
@@ -41,7 +41,7 @@ TOOLS = {
         "MATH-lighteval parquet -> the recipe's train/test parquet",
     ),
     "parquet2json": ("ascend_rl.cli.parquet2json", "a parquet file -> JSON lines, to read or diff"),
-    "install_tokenizer_config": (
+    "tokenizer_config": (
         "ascend_rl.cli.tokenizer_config",
         "install the recipe's tokenizer_config.json into a model folder (backs up the original)",
     ),
@@ -72,6 +72,8 @@ TOOLS = {
     ),
     "make_problems": ("ascend_rl.harness.make_problems", "regenerate the bundled demo problems"),
 }
+# Old command names, each now its module's name: they still run, after a one-line notice (CHANGELOG.md).
+RENAMED = {"check_stack": "stack", "check_imports": "compat", "install_tokenizer_config": "tokenizer_config"}
 # Commands that are gone, with what to run instead (CHANGELOG.md says when).
 GONE = {
     "demo_inprocess": "the in-process GRPO loop is gone; run `make demo` (python3 -m ascend_rl demo)",
@@ -101,6 +103,11 @@ def main(argv: list[str]) -> int:
         print(usage())
         return 0
     tool, rest = argv[0], argv[1:]
+    if tool in RENAMED:
+        print(
+            f"ascend_rl: '{tool}' is now '{RENAMED[tool]}' (its module's name); running it", file=sys.stderr
+        )
+        tool = RENAMED[tool]
     if tool in GONE:
         print(f"ascend_rl: {tool} was removed: {GONE[tool]}", file=sys.stderr)
         return 2

@@ -174,7 +174,7 @@ def load_tokenizer(model_dir: Path, chat_template: Path | None):
     if not tokenizer.chat_template:
         raise EvalError(
             f"the tokenizer in {model_dir} has no chat template; install the recipe's "
-            "(python3 -m ascend_rl install_tokenizer_config <model dir>) or pass "
+            "(python3 -m ascend_rl tokenizer_config <model dir>) or pass "
             "--chat-template llm_rl/qwen2_5/tokenizer_config.json"
         )
     return tokenizer

@@ -9,7 +9,7 @@
 #      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
 #   6. ascend_rl/stack.py --recipe: fails when any installed version or commit is off the pins.
-# Every version and commit comes from constraints.txt (pip -c, check_stack.py --git-source); none is
+# Every version and commit comes from constraints.txt (pip -c, `stack --git-source`); none is
 # written here. The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must
 # stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
 #
@@ -75,12 +75,12 @@ pip_c vllm-ascend
 # The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
 # deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check
 # out the pinned commit, pip install -e (MindSpeed's documented install), its deps under the pins.
-EXTRAS="$("$PYTHON" -m ascend_rl check_stack --constraints "$C" --recipe "$RECIPE" --list-extras)"
+EXTRAS="$("$PYTHON" -m ascend_rl stack --constraints "$C" --recipe "$RECIPE" --list-extras)"
 for name in $EXTRAS; do
   case "$name" in
     megatron-core) pip_c --no-deps megatron-core ;;
     mindspeed)
-      src="$("$PYTHON" -m ascend_rl check_stack --constraints "$C" --git-source mindspeed)"
+      src="$("$PYTHON" -m ascend_rl stack --constraints "$C" --git-source mindspeed)"
       read -r url commit <<<"$src"
       if [ -d "$MINDSPEED_DIR/.git" ]; then
         run git -C "$MINDSPEED_DIR" fetch --quiet origin
@@ -95,4 +95,4 @@ for name in $EXTRAS; do
 done
 
 run "$PYTHON" -m pip install --disable-pip-version-check --no-deps -e "$VERL_DIR"
-run "$PYTHON" -m ascend_rl check_stack --constraints "$C" --recipe "$RECIPE"
+run "$PYTHON" -m ascend_rl stack --constraints "$C" --recipe "$RECIPE"

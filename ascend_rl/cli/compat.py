@@ -1,4 +1,4 @@
-"""The check_imports command (ascend_rl.compat): check that every vllm / transformers-submodule import in a verl tree resolves against the real wheels."""
+"""The compat command (ascend_rl.compat): check that every vllm / transformers-submodule import in a verl tree resolves against the real wheels."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The check_stack command (ascend_rl.stack): compare the installed Ascend stack with constraints.txt; exit 1 on any drift."""
+"""The stack command (ascend_rl.stack): compare the installed Ascend stack with constraints.txt; exit 1 on any drift."""
 
 from __future__ import annotations
 
@@ -33,17 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if not args.constraints.is_file():
-        print(f"check_stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
+        print(f"stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
         return 2
     try:
         extras = recipe_extras()
         sources = read_git_sources(args.constraints)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
-        print(f"check_stack: error: {exc}", file=sys.stderr)
+        print(f"stack: error: {exc}", file=sys.stderr)
         return 2
     if args.recipe is not None and args.recipe not in extras:
         known = ", ".join(extras) or "none"
-        print(f"check_stack: error: unknown recipe '{args.recipe}'; known recipes: {known}", file=sys.stderr)
+        print(f"stack: error: unknown recipe '{args.recipe}'; known recipes: {known}", file=sys.stderr)
         return 2
     if args.list_extras:
         for name in extras.get(args.recipe or "", []):
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.git_source:
         if _norm(args.git_source) not in sources:
             print(
-                f"check_stack: error: no '# {GIT_SOURCE} {args.git_source} URL COMMIT' line in {args.constraints}",
+                f"stack: error: no '# {GIT_SOURCE} {args.git_source} URL COMMIT' line in {args.constraints}",
                 file=sys.stderr,
             )
             return 2
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = {_norm(n) for n in args.only}
         pins = [(n, v) for n, v in pins if _norm(n) in wanted]
     if not pins:
-        print(f"check_stack: error: no name==version pins to check in {args.constraints}", file=sys.stderr)
+        print(f"stack: error: no name==version pins to check in {args.constraints}", file=sys.stderr)
         return 2
     rows = check(pins, sources)
     width = max(len(r[0]) for r in rows)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         what = ", ".join(f"{n} {g} (pinned {p}, {s})" for n, p, g, s in bad)
         print(
-            f"check_stack: error: {len(bad)} package(s) off the pins: {what}; "
+            f"stack: error: {len(bad)} package(s) off the pins: {what}; "
             "rerun scripts/install_npu_stack.sh or pip install -c constraints.txt <name>",
             file=sys.stderr,
         )

@@ -1,4 +1,4 @@
-"""The install_tokenizer_config command (ascend_rl.data.tokenizer_config): install the Qwen2.5 recipe's tokenizer_config.json into a downloaded model folder, or take it back out."""
+"""The tokenizer_config command (ascend_rl.data.tokenizer_config): install the Qwen2.5 recipe's tokenizer_config.json into a downloaded model folder, or take it back out."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 COMMANDS = {
     "prepare_math.py": ["-m", "ascend_rl", "prepare_math"],
     "parquet2json.py": ["-m", "ascend_rl", "parquet2json"],
-    "install_tokenizer_config.py": ["-m", "ascend_rl", "install_tokenizer_config"],
+    "install_tokenizer_config.py": ["-m", "ascend_rl", "tokenizer_config"],
     "prepare_math500.py": ["-m", "llm_rl.qwen2_5.prepare_math500"],
     "prepare_deepscaler.py": ["-m", "llm_rl.deepseek_r1.prepare_deepscaler"],
     "derive_deepseek_config.py": ["-m", "llm_rl.deepseek_r1.derive_config"],

@@ -46,3 +46,22 @@ def test_a_removed_command_says_what_to_run_instead():
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "make demo" in out.stderr
+
+
+@pytest.mark.parametrize(("old", "new"), [("check_stack", "stack"), ("check_imports", "compat")])
+def test_an_old_command_name_still_runs_after_a_one_line_notice(old, new):
+    out = subprocess.run(
+        [sys.executable, "-m", "ascend_rl", old, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == f"ascend_rl: '{old}' is now '{new}' (its module's name); running it"
+    assert f"python3 -m ascend_rl {new}" in out.stdout
+
+
+def test_every_command_is_named_after_its_module():
+    for name, (module, _) in TOOLS.items():
+        assert module.rsplit(".", 1)[1] == name, f"command {name} runs {module}"

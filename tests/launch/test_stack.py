@@ -33,14 +33,14 @@ def _repo_files() -> list[Path]:
 def _check(
     tmp_path: Path, lines: list[str], *args: str, site: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """The check_stack command on these constraint lines; `site` (a folder pip installed into) goes on PYTHONPATH."""
+    """The stack command on these constraint lines; `site` (a folder pip installed into) goes on PYTHONPATH."""
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("\n".join(lines) + "\n")
     env = dict(os.environ)
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "ascend_rl", "check_stack", "--constraints", str(constraints), *args],
+        [sys.executable, "-m", "ascend_rl", "stack", "--constraints", str(constraints), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -218,7 +218,7 @@ def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
         " vllm",
         " vllm-ascend",
         "--no-deps -e ",
-        "check_stack ",
+        "-m ascend_rl stack ",
     ]
     positions = []
     for step in steps:
@@ -267,7 +267,7 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
         at(lambda c: c == f"git -C {where} checkout --quiet --detach {commit}"),
         at(lambda c: c.endswith(f"-c {CONSTRAINTS} -e {where}")),
         at(lambda c: "--no-deps -e " in c and c.endswith("/verl-0.6.0")),  # the tree of the base it fetched
-        at(lambda c: c.endswith(f"check_stack --constraints {CONSTRAINTS} --recipe deepseek_r1")),
+        at(lambda c: c.endswith(f"stack --constraints {CONSTRAINTS} --recipe deepseek_r1")),
     ]
     assert order == sorted(order), cmds
     (where / ".git").mkdir(parents=True)
