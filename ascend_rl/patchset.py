@@ -214,6 +214,46 @@ def installs(header: list[bytes], patch: Path, root: Path | None = None) -> list
     return found
 
 
+def render_new_file(fp: FilePatch) -> bytes:
+    """A git-style new-file section for an installed module (what `git apply` and `patch -p1` take)."""
+    body = fp.hunks[0].new
+    out = [
+        f"diff --git a/{fp.path} b/{fp.path}\n",
+        "new file mode 100644\n",
+        "--- /dev/null\n",
+        f"+++ b/{fp.path}\n",
+        f"@@ -0,0 +1,{len(body)} @@\n",
+    ]
+    data = "".join(out).encode()
+    for line in body:
+        data += b"+" + line
+    if body and not body[-1].endswith(b"\n"):
+        data += b"\n\\ No newline at end of file\n"
+    return data
+
+
+def self_contained(path: Path, root: Path | None = None) -> bytes:
+    """The patch file as one plain diff: its header without the Installs fields, each installed module as a
+    new-file section, then its own diffs; for `git apply`, `patch -p1` or quilt, with no repository beside it."""
+    parse(path, root)  # refuses a malformed patch or an unreadable module first
+    lines = Path(path).read_bytes().splitlines(keepends=True)
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith((b"diff --git ", b"--- ", b"Index: "))),
+        len(lines),
+    )
+    header, skipping = [], False
+    for line in lines[:start]:
+        if line.startswith(b"Installs:"):
+            skipping = True
+            continue
+        if skipping and line[:1] in (b" ", b"\t") and line.strip() not in (b"", b"."):
+            continue
+        skipping = False
+        header.append(line)
+    installed = installs(lines[:start], Path(path), root)
+    return b"".join(header) + b"".join(render_new_file(fp) for fp in installed) + b"".join(lines[start:])
+
+
 def _parse_hunk(lines: list[bytes], i: int, path: Path) -> tuple[Hunk, int]:
     m = _HUNK.match(lines[i])
     if not m:

@@ -6,6 +6,7 @@
     python3 -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
     python3 -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
     python3 -m ascend_rl overlay fetch  qwen2_5 --base 0.6.0  # another verl base of the recipe
+    python3 -m ascend_rl overlay export deepseek_r1 --out DIR  # the series as plain diffs for git apply / quilt
 
 A recipe serves one or more verl bases (recipe.toml [bases."VERSION"], each with its own series);
 --base picks one (default: the manifest's default_base; `list` shows them). The default tree is
@@ -28,6 +29,10 @@ An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series appli
 recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
 and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
 
+`export` writes the series as self-contained diffs (each module a patch installs, `Installs:` in its header,
+becomes a new-file section) and a quilt `series` file into a new folder, for `git apply`, `patch -p1` or quilt
+on a machine without this repository; the overlay itself (atomic, journalled, reversible) stays the way to apply.
+
 Exit status: 0 done, 1 refused or conflicting, 2 usage.
 """
 
@@ -35,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from ascend_rl import manifest, overlay, patchset
@@ -137,21 +144,26 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["apply"].add_argument(
         "--fetch", action="store_true", help="without --target: fetch the recipe's tree first if it is absent"
     )
+    p_export = sub.add_parser(
+        "export", help="write the series as plain diffs and a quilt series file (git apply / patch -p1)"
+    )
+    p_export.add_argument("--out", required=True, help="a new (or empty) folder to write into")
+    p_export.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
     p_list = sub.add_parser("list", help="list the recipes and overlays, or one recipe's series in order")
     p_list.add_argument("recipe", nargs="?", help="show this recipe's patches, in series order")
     p_list.add_argument("--with", dest="overlay", metavar="OVERLAY", help="with this overlay's series on top")
-    for p in (p_list, p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+    for p in (p_list, p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument(
             "--base",
             metavar="VERSION",
             help="the verl base whose pin and series to use (default: the recipe's default_base"
             + (
                 "; with --target, the base that tree is, when it is one of the recipe's)"
-                if p not in (p_list, p_fetch)
+                if p not in (p_list, p_fetch, p_export)
                 else ")"
             ),
         )
-    for p in (p_fetch, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+    for p in (p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(manifest.recipe_names())}) or folder")
         p.add_argument(
             "--with",
@@ -186,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
             _say(f"--with {name}: patches/{name}/overlay.toml (on top of a recipe's series)")
         return EXIT_OK
     recipe = manifest.load_recipe(args.recipe, args.base)
-    if args.command != "fetch" and args.base is None and args.target is not None:
+    if args.command not in ("fetch", "export") and args.base is None and args.target is not None:
         # a tree of another base of the recipe is patched on that base; --base, when given, decides
         base, line = overlay.place(recipe, args.target)
         if base is not None:
@@ -194,6 +206,8 @@ def _run(args: argparse.Namespace) -> int:
             _err(f"overlay: {line}")
     if args.overlay:
         recipe = manifest.with_overlay(recipe, args.overlay)
+    if args.command == "export":
+        return _export(recipe, Path(args.out), args.dry_run)
     if args.command == "fetch":
         dest = Path(args.dest) if args.dest else recipe.default_target
         if args.dry_run:
@@ -234,6 +248,38 @@ def _run(args: argparse.Namespace) -> int:
     states = overlay.revert_series(recipe, root, args.dry_run, args.force, args.wait, _say)
     for line in overlay.revert_summary(recipe, root, states, args.dry_run):
         _say(line)
+    return EXIT_OK
+
+
+def _export(recipe: manifest.Recipe, out: Path, dry_run: bool) -> int:
+    """The series as self-contained diffs plus a quilt series file, written into a new folder whole or not at all."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OverlayError(f"{out} exists and is not an empty folder; pass a new --out")
+    try:
+        texts = [(path.name, patchset.self_contained(path)) for path in recipe.series]
+    except patchset.PatchError as exc:
+        raise OverlayError(f"{exc}; nothing was written") from exc
+    if dry_run:
+        _say(
+            f"would write {len(texts)} patches of {recipe.name} ({recipe.project} {recipe.version}) and a series file to {out}"
+        )
+        return EXIT_OK
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, data in texts:
+            (tmp / name).write_bytes(data)
+        (tmp / "series").write_text("".join(f"{name}\n" for name, _ in texts))
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _say(
+        f"wrote {len(texts)} patches of {recipe.name} ({recipe.project} {recipe.version}) and their series to {out}; "
+        f"apply them in order: cd <verl tree> && for p in $(cat {out}/series); do git apply {out}/$p; done"
+    )
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,24 @@ def test_the_recipes_series_status_names_each_installed_module(tmp_path, pristin
     assert {s.state for s in states} == {overlay.APPLIED}
     offload = next(s for s in states if s.patch.name.startswith("ds-0004"))
     assert "verl/utils/explicit_offload.py" in [fp.path for fp in offload.patch.files]
+
+
+def test_export_gives_plain_diffs_that_git_apply_turns_into_the_overlays_tree(
+    tmp_path, pristine_verl, patched_verl
+):
+    """For users of git apply, patch -p1 or quilt: the exported series, applied in order by git, gives the tree
+    the overlay gives, byte for byte; the export refuses a folder that is not empty."""
+    out = tmp_path / "export"
+    done = cli("export", "deepseek_r1", "--base", "0.6.0", "--out", out)
+    assert done.returncode == 0, done.stderr
+    names = (out / "series").read_text().split()
+    assert names == [p.name for p in overlay.load_recipe("deepseek_r1", "0.6.0").series]
+    assert not any("Installs:" in (out / n).read_text() for n in names)
+    tree = tmp_path / "tree"
+    shutil.copytree(pristine_verl, tree, symlinks=True)
+    for name in names:
+        applied = subprocess.run(["git", "apply", str(out / name)], cwd=tree, capture_output=True, text=True)
+        assert applied.returncode == 0, f"{name}: {applied.stderr}"
+    assert tree_hash(tree) == tree_hash(patched_verl("deepseek_r1"))
+    again = cli("export", "deepseek_r1", "--out", out)
+    assert again.returncode == 1 and "not an empty folder" in again.stderr
