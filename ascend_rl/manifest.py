@@ -106,6 +106,14 @@ class Recipe:
         return text
 
 
+def recipe_die(name: str) -> str | None:
+    """The die a recipe's launches run on ([recipe] die in its recipe.toml), or None for an unknown recipe."""
+    path = RECIPES / name / "recipe.toml"
+    if not path.is_file():
+        return None
+    return str(read_toml(path).get("recipe", {}).get("die", "")) or None
+
+
 def recipe_names() -> list[str]:
     """Every recipe folder that has a manifest."""
     return sorted(p.parent.name for p in RECIPES.glob("*/recipe.toml"))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ascend_rl import manifest
 from llm_rl.deepseek_r1 import moe_reshard as mr
 
 GIB = 2**30
@@ -57,8 +58,6 @@ DIES = {
         "so 64 GB per die",
     ),
 }
-# Which die each recipe's default launch runs on (recipe README: one Atlas A2 card; an A3 SuperPoD).
-RECIPE_DIE = {"qwen2_5": "A2", "deepseek_r1": "A3"}
 
 # The headroom under the die's memory that a launch's planned peak must leave. The plan counts tensor bytes;
 # what it does not count is (1) the CANN runtime context and operator workspace and the caching allocator's
@@ -1263,13 +1262,14 @@ def as_json(p: Plan) -> dict[str, Any]:
 
 
 def die_for(settings: Mapping[str, Any], name: str | None = None) -> Die:
-    """The die to plan against: named, else the recipe's (RECIPE_DIE), else an A2."""
+    """The die to plan against: named, else the recipe's ([recipe] die in its recipe.toml), else an A2."""
     if name:
         key = name.upper()
         if key not in DIES:
             raise ValueError(f"no die {name!r}; known: {', '.join(DIES)}")
         return DIES[key]
-    return DIES[RECIPE_DIE.get(str(settings.get("_recipe")), "A2")]
+    recipe = settings.get("_recipe")
+    return DIES[(manifest.recipe_die(str(recipe)) if recipe else None) or "A2"]
 
 
 def plan_launch(settings: Mapping[str, Any], die: str | None = None, model: str | None = None, **kw) -> Plan:

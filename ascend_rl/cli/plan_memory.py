@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plan", metavar="FILE", help="the launcher's dry-run plan (--dry-run --json); - for stdin"
     )
     parser.add_argument(
-        "--recipe", help="with overrides: the recipe (picks the die: qwen2_5 A2, deepseek_r1 A3)"
+        "--recipe", help="with overrides: the recipe (picks the die: [recipe] die in its recipe.toml)"
     )
     parser.add_argument(
         "--config-name",
