@@ -20,6 +20,10 @@ TOOLS = {
         "ascend_rl.cli.overlay",
         "fetch a recipe's pinned verl tree; apply, check or revert its patches",
     ),
+    "resolve": (
+        "ascend_rl.cli.resolve",
+        "what a launch of a recipe on a verl base needs (tree, overrides, die), resolved once",
+    ),
     "preflight": ("ascend_rl.cli.preflight", "check a launch before it starts: tree, config, paths, stack"),
     "plan_memory": (
         "ascend_rl.cli.plan_memory",

@@ -10,6 +10,7 @@ and the default as `[upstream] default_base`. The older one-base form (`[upstrea
 
 from __future__ import annotations
 
+import shlex
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -87,6 +88,8 @@ class Recipe:
     note: str = ""  # what this base is for, from its manifest table
     image: str = ""  # the container image (CANN release) the base is run with on an NPU host
     image_source: str = ""  # where that image is named
+    overrides: tuple[str, ...] = ()  # the Hydra overrides this base needs on top of the launcher's own
+    cpu_overrides: tuple[str, ...] = ()  # and on top of the CPU profile's, when the launch runs on CPU
 
     @property
     def recipe(self) -> str:
@@ -157,6 +160,8 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             note=str(table.get("note", "")),
             image=str(table.get("image", "")),
             image_source=str(table.get("image_source", "")),
+            overrides=tuple(str(o) for o in table.get("overrides", ())),
+            cpu_overrides=tuple(str(o) for o in table.get("cpu_overrides", ())),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
@@ -210,3 +215,67 @@ def verl_tree(recipe: str, overlay: str | None = None, base: str | None = None) 
     (llm_rl/<recipe>/verl-<base>-<overlay>/: the recipe's series plus the overlay's)."""
     spec = load_recipe(recipe, base)
     return (with_overlay(spec, overlay) if overlay else spec).default_target
+
+
+PROFILES = ("npu", "cpu")
+CPU_OVERLAY = "cpu"  # the overlay a CPU launch runs on top of the recipe's series
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a launch of a recipe needs that depends on the recipe and its base, resolved once: the launchers
+    read it (`python3 -m ascend_rl resolve`), the preflight takes it."""
+
+    recipe: Recipe  # on the resolved base; with the CPU overlay's series for the cpu profile
+    base: str
+    profile: str
+    verl_dir: Path  # the tree the launch runs unless the user names another (VERL_DIR)
+    overrides: tuple[str, ...]  # the base's, then (cpu profile) the base's CPU ones
+    die: str | None
+
+    def shell(self) -> str:
+        """The launch as bash assignments for `eval` (every value quoted)."""
+
+        def array(values) -> str:
+            return "(" + " ".join(shlex.quote(v) for v in values) + ")"
+
+        return "\n".join(
+            [
+                f"VERL_BASE={shlex.quote(self.base)}",
+                f"RECIPE_TREE={shlex.quote(str(self.verl_dir))}",
+                f"BASE_OVERRIDES={array(self.recipe.overrides)}",
+                f"BASE_CPU_OVERRIDES={array(self.overrides[len(self.recipe.overrides) :])}",
+                f"RECIPE_DIE={shlex.quote(self.die or '')}",
+            ]
+        )
+
+    def as_json(self) -> dict:
+        return {
+            "recipe": self.recipe.recipe,
+            "base": self.base,
+            "default_base": self.recipe.default,
+            "bases": list(self.recipe.bases),
+            "profile": self.profile,
+            "verl_dir": str(self.verl_dir),
+            "series": [
+                str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in self.recipe.series
+            ],
+            "overrides": list(self.overrides),
+            "die": self.die,
+            "image": self.recipe.image,
+        }
+
+
+def resolve_launch(recipe: str, base: str | None = None, profile: str = "npu") -> Launch:
+    """The one resolution of (recipe, base, profile): an unknown recipe, base or profile is refused in one line
+    (UsageError) the same way for every launcher."""
+    if profile not in PROFILES:
+        raise UsageError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+    spec = load_recipe(recipe, base or None)
+    overrides = spec.overrides
+    if profile == "cpu":
+        spec = replace(
+            with_overlay(spec, CPU_OVERLAY), overrides=spec.overrides, cpu_overrides=spec.cpu_overrides
+        )
+        overrides += spec.cpu_overrides
+    return Launch(spec, spec.version, profile, spec.default_target, overrides, recipe_die(spec.recipe))

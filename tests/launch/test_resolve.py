@@ -1,0 +1,75 @@
+"""One resolution of (recipe, base, profile): manifest.resolve_launch and the `resolve` command the launchers eval."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ascend_rl import manifest
+from ascend_rl.errors import UsageError
+from ascend_rl.paths import REPO
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "resolve", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("recipe", manifest.recipe_names())
+def test_each_base_and_profile_resolves_to_its_tree_and_die(recipe):
+    first = manifest.load_recipe(recipe)
+    for base in first.bases:
+        npu = manifest.resolve_launch(recipe, base)
+        assert npu.base == base and npu.verl_dir.name == f"verl-{base}" and npu.die in ("A2", "A3")
+        cpu = manifest.resolve_launch(recipe, base, "cpu")
+        assert cpu.verl_dir.name == f"verl-{base}-cpu"
+        assert cpu.recipe.series[: len(npu.recipe.series)] == npu.recipe.series
+        assert len(cpu.recipe.series) > len(npu.recipe.series), "the CPU overlay's series comes on top"
+    assert manifest.resolve_launch(recipe).base == first.default
+
+
+def test_the_shell_form_evals_into_the_launchers_variables():
+    launch = manifest.resolve_launch("deepseek_r1", "0.7.1", "cpu")
+    script = (
+        launch.shell() + '\nprintf "%s\\n" "$VERL_BASE" "$RECIPE_TREE" "$RECIPE_DIE" "${#BASE_OVERRIDES[@]}"'
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
+    assert out[:4] == ["0.7.1", str(launch.verl_dir), "A3", str(len(launch.recipe.overrides))]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["qwen2_5", "--base", "0.8.0"], "recipe qwen2_5 has no verl base 0.8.0; its bases: 0.6.0, 0.7.1"),
+        (
+            ["deepseek_r1", "--base", "0.9"],
+            "recipe deepseek_r1 has no verl base 0.9; its bases: 0.6.0, 0.7.1",
+        ),
+        (["qwen2_5", "--profile", "gpu"], "profile must be one of npu, cpu"),
+        (["llama"], "unknown recipe 'llama'"),
+    ],
+)
+def test_an_unknown_base_recipe_or_profile_is_one_line_and_exit_2(args, message):
+    out = _cli(*args, "--shell")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_json_form_names_the_series_in_order():
+    out = _cli("qwen2_5", "--base", "0.6.0")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    want = [str(p.relative_to(REPO)) for p in manifest.load_recipe("qwen2_5", "0.6.0").series]
+    assert data["series"] == want and data["base"] == "0.6.0" and data["default_base"] == "0.7.1"
+    with pytest.raises(UsageError):
+        manifest.resolve_launch("qwen2_5", "0.5.0")
