@@ -2238,25 +2238,41 @@ def _completion_text(completion: Any) -> Any:
     return "".join(parts)
 
 
+def _usable_truth(value: Any) -> bool:
+    """A ground truth that states an answer: a value, or a solution with a \\boxed{} (not prose without one)."""
+    truths = _truths(value)
+    if not truths:
+        return False
+    text = _as_text(value) or ""
+    boxed = "\\boxed" in text or "\\fbox" in text
+    return boxed or all(len(t) <= MAX_ANSWER_CHARS and len(_PROSE_RE.findall(t)) <= 4 for t in truths)
+
+
 def trl_reward(completions: list, **kwargs: Any) -> list[float]:
     """TRL's ``GRPOTrainer`` reward function: one float per completion (plain or conversational).
 
     TRL passes the dataset's other columns as keyword arguments; the truth is read from the first of
-    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``.
+    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``
+    whose every row holds an answer (a solution without a box is skipped); with none, a ValueError naming the
+    columns seen.
     ``timeout`` and ``num_workers`` may be bound with ``functools.partial``.
     """
-    column = next((name for name in TRL_TRUTH_COLUMNS if name in kwargs), None)
-    if column is not None:
-        truths = list(kwargs[column])
-    elif "reward_model" in kwargs:
-        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]]
-    else:
+    candidates = {name: list(kwargs[name]) for name in TRL_TRUTH_COLUMNS if name in kwargs}
+    if "reward_model" in kwargs:
+        candidates["reward_model"] = [
+            rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]
+        ]
+    # the first column whose every row holds an answer: a MATH solution without a \boxed{} is prose, not one
+    column = next((name for name, values in candidates.items() if all(map(_usable_truth, values))), None)
+    if column is None:
         # a callable is one of TRL's hooks (log_extra, log_metric, any later one), never a column's values
         columns = sorted(k for k, v in kwargs.items() if k not in TRL_NOT_COLUMNS and not callable(v))
+        unusable = f" ({', '.join(candidates)}: not every row holds an answer)" if candidates else ""
         raise ValueError(
             "trl_reward needs the ground truth in a dataset column named "
-            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the dataset's columns are {columns}"
+            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model{unusable}; the dataset's columns are {columns}"
         )
+    truths = candidates[column]
     if len(truths) != len(completions):
         raise ValueError(f"trl_reward got {len(completions)} completions and {len(truths)} ground truths")
     sources = kwargs.get("data_source") or [None] * len(completions)
@@ -2270,7 +2286,8 @@ def trl_reward(completions: list, **kwargs: Any) -> list[float]:
 # ---------------------------------------------------------------- command line
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line."""
     if path == "-" and sys.stdin is None:
         raise ValueError("standard input is closed; pass a file name or pipe the JSONL in")
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
@@ -2287,17 +2304,30 @@ def _read_jsonl(path: str) -> list[dict]:
                     raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}:{n}: expected a JSON object per line")
-                rows.append(row)
+                rows.append((n, row))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({exc.reason})") from exc
     return rows
 
 
-def _row_fields(row: dict) -> tuple[Any, Any]:
-    response = next((row[k] for k in ("response", "solution_str", "output", "completion") if k in row), None)
+CLI_RESPONSE_KEYS = ("response", "solution_str", "output", "completion")
+CLI_TRUTH_KEYS = ("ground_truth", "answer", "reward_model.ground_truth")
+
+
+def _row_fields(row: dict, where: str = "") -> tuple[Any, Any]:
+    """(response, truth) of one JSONL object; a missing key is an error naming the keys read, never a silent 0."""
+    response = next((row[k] for k in CLI_RESPONSE_KEYS if k in row), None)
     truth = row.get("ground_truth", row.get("answer"))
     if truth is None and isinstance(row.get("reward_model"), dict):
         truth = row["reward_model"].get("ground_truth")
+    for name, value, keys in (
+        ("response", response, CLI_RESPONSE_KEYS),
+        ("ground truth", truth, CLI_TRUTH_KEYS),
+    ):
+        if value is None:
+            raise ValueError(
+                f"{where}no {name}: the keys read are {', '.join(keys)}; this line has {sorted(row) or 'none'}"
+            )
     return response, truth
 
 
@@ -2316,8 +2346,9 @@ def _score_file(argv: list[str]) -> int:
     score = sub.add_parser(
         "score",
         help="score a JSONL file",
-        description="Score each line of a JSONL file with keys response (or solution_str) and ground_truth "
-        "(or answer, or reward_model.ground_truth); print one line per item and a summary (with --json, "
+        description=f"Score each line of a JSONL file: the response under one of {', '.join(CLI_RESPONSE_KEYS)}, "
+        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either is an error); "
+        "print one line per item and a summary (with --json, "
         'one JSON object per item and a last {"summary": ...} object).',
     )
     score.add_argument("file", help="JSONL file, or - for stdin")
@@ -2333,8 +2364,9 @@ def _score_file(argv: list[str]) -> int:
         args.workers is not None and args.workers < 1
     ):
         parser.error("--timeout must be a number > 0 and --workers >= 1")
-    rows = _read_jsonl(args.file)
-    fields = [_row_fields(row) for row in rows]
+    lines = _read_jsonl(args.file)
+    rows = [row for _, row in lines]
+    fields = [_row_fields(row, f"{args.file}:{n}: ") for n, row in lines]
     start = time.monotonic()
     results = compute_score_batch(
         [r.get("data_source") for r in rows],
