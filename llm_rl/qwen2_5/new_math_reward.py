@@ -12,6 +12,9 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
   Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
   takes back does not compete with it.
+* No credit for hedging: an answer that offers more than one value, a range, a bound or an alternative
+  (``4 but maybe 5``, ``3? 4? 5?``, ``between 4 and 5``, ``at least 5``, ``5 or more``) scores 0, unless the truth
+  is itself that kind of object (an inequality, an interval, a set of solutions), when it is judged against it.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -423,6 +426,9 @@ class _Answer(NamedTuple):
     boxed: bool  # came from \boxed{} (math_verify gets it wrapped again)
     ambiguous: bool  # offers several different values
     others: tuple[str, ...] = ()  # other boxes only sympy can compare with this one: all must equal it
+    scope: str = (
+        ""  # the text the answer is stated in (the block, or the final box's line): where hedges are read
+    )
 
 
 MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
@@ -468,8 +474,8 @@ def extract_answer(response: str) -> _Answer:
         if spans:
             a, b = spans[-1]
             agree, others = _agree(block, spans)
-            return _Answer(block[a:b], True, not agree, others)
-        return _block_answer(block)
+            return _Answer(block[a:b], True, not agree, others, block)
+        return _block_answer(block)._replace(scope=block)
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
@@ -478,13 +484,83 @@ def extract_answer(response: str) -> _Answer:
         return _Answer(None, False, False)
     a, b = spans[-1]
     # no reasoning marker: only values boxed on the final line compete; and never those taken back before the
-    # last box ("First \boxed{5}. Wait, I made an error. The answer is \boxed{6}.")
-    start = region.rfind("\n", 0, a) + 1 if t_close < 0 else 0
+    # last box ("First \\boxed{5}. Wait, I made an error. The answer is \\boxed{6}.")
+    line_start = region.rfind("\n", 0, a) + 1
+    start = line_start if t_close < 0 else 0
     for cue in _CORRECTION_RE.finditer(region, start, a):
         start = cue.end()
     spans = [s for s in spans if s[0] >= start]
     agree, others = _agree(region, spans)
-    return _Answer(region[a:b], True, not agree, others)
+    line_end = region.find("\n", b)
+    scope = region[max(line_start, start) : line_end if line_end >= 0 else len(region)]
+    return _Answer(region[a:b], True, not agree, others, scope)
+
+
+# ---------------------------------------------------------------- hedging
+#
+# An answer that offers more than one value, a range, a bound or an alternative is wrong, unless the truth is
+# itself such an object (an inequality, an interval, a set of solutions): "I think it's 4 but maybe 5",
+# "3? 4? 5?", "between 4 and 5", "4 to 5", "at least 5", "5 or more", "x \\ge 5" all score 0 for the truth 5.
+# A value is a run of math (digits, LaTeX commands, brackets, operators); "probably 5" offers one value.
+
+_VALUE_RUN_RE = re.compile(r"(?:[\d.{}^_+\-*/()\[\]|!]|\\[a-zA-Z]+|\$|\s)+")
+_VALUE_MARK_RE = re.compile(r"\d|\\(?:pi|infty)\b|\([A-E]\)")  # what makes a run of math a value
+_ALTERNATIVE_RE = re.compile(
+    r"\?|\b(?:maybe|perhaps|probably|possibly|likely|alternatively|otherwise|either|or|unsure|not\s+sure"
+    r"|(?:might|could|may)\s+(?:also\s+|well\s+)?be|i\s+(?:think|guess|believe|suppose))\b",
+    re.IGNORECASE,
+)
+_BOUND_BEFORE_RE = re.compile(  # before the one value that follows it: at least 5, x \\ge 5, under 5
+    r"\b(?:at\s+(?:least|most|minimum|maximum)|(?:no|not)\s+(?:more|less|fewer|greater|smaller|larger|bigger|higher"
+    r"|lower)\s+than|(?:more|less|fewer|greater|smaller|larger|bigger|higher|lower)\s+than|up\s+to|above"
+    r"|below|exceeds?|exceeding|minimum\s+of|maximum\s+of)\b|\\(?:geqslant|leqslant|geq|leq|ge|le|gt|lt|neq|ne)\b"
+    r"|[<>≤≥≠]",
+    re.IGNORECASE,
+)
+_BOUND_AFTER_RE = re.compile(  # after the value it bounds, with nothing after: 5 or more, 5 at least, 5+
+    r"(?:\b(?:or|and)\s+(?:more|less|fewer|greater|smaller|larger|higher|lower|above|below|up|over|under|so)"
+    r"|\bat\s+(?:least|most)|\bor\s+thereabouts|\+)\W*$",
+    re.IGNORECASE,
+)
+_RANGE_BEFORE_RE = re.compile(r"\bbetween\b", re.IGNORECASE)  # followed by 2 values: between 4 and 5
+_RANGE_JOIN_RE = re.compile(r"^\s*(?:to|through|until|till|–|—|\\text\{\s*to\s*\}|\\sim|\\to)\s*$", re.I)
+_SEVERAL_TRUTH_RE = re.compile(  # a truth that is itself several values, a range or a bound
+    r"\\(?:pm|mp|cup|cap|infty|in|le|ge|leq|geq|lt|gt)\b|\\text\{\s*(?:or|and)\s*\}|\\\{|[<>≤≥;]|,(?!\d{3})"
+    r"|\b(?:or|and)\b"
+)
+MAX_HEDGE_SCOPE = 2_000  # a longer block is prose; the answer rules above already handle it
+
+
+def _value_runs(text: str) -> list[re.Match]:
+    return [m for m in _VALUE_RUN_RE.finditer(text) if _VALUE_MARK_RE.search(m.group())]
+
+
+def _hedged(scope: str) -> bool:
+    """True when the text an answer is stated in offers several values, a range, a bound or an alternative."""
+    scope = _unicode(scope[-MAX_HEDGE_SCOPE:])
+    segments = {
+        tuple(_SPACING_RE.sub("", m.group()).strip("$()[].") for m in _value_runs(part))
+        for part in _ALTERNATIVE_RE.split(scope)
+    }
+    if len(segments - {()}) > 1:  # I think it's 4 but maybe 5; 3? 4? 5?
+        return True
+    runs = _value_runs(scope)
+    if not runs:
+        return False
+    for bound in _BOUND_BEFORE_RE.finditer(scope):
+        if len(_value_runs(scope[bound.end() :])) == 1:  # the answer's value, bounded: at least 5, \\geq 5
+            return True
+    if _BOUND_AFTER_RE.search(scope, runs[-1].start()):  # 5 or more, 5+: nothing after it
+        return True
+    for lead in _RANGE_BEFORE_RE.finditer(scope):
+        if len(_value_runs(scope[lead.end() :])) == 2:  # between 4 and 5
+            return True
+    return len(runs) >= 2 and bool(_RANGE_JOIN_RE.match(scope[runs[-2].end() : runs[-1].start()]))
+
+
+def _several_allowed(truths: tuple[str, ...]) -> bool:
+    """The truth is itself several values, an interval or an inequality: answers of that kind are judged."""
+    return any(_SEVERAL_TRUTH_RE.search(_unicode(t)) or _interval(_norm(t)) is not None for t in truths)
 
 
 # ---------------------------------------------------------------- format and chain of thought
@@ -2090,6 +2166,8 @@ def _prepare(solution_str: Any, ground_truth: Any) -> _Prepared:
         return _Prepared(None, truths)
     answer = extract_answer(response)
     if answer.text is None or answer.ambiguous:
+        return _Prepared(None, truths)
+    if not _several_allowed(truths) and _hedged(answer.scope):  # 4 but maybe 5, at least 5: see _hedged
         return _Prepared(None, truths)
     return _Prepared(answer, truths, format_milli(response), cot_milli(response))
 
