@@ -8,7 +8,8 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
 * The answer is the ``<answer>`` block, judged by value whatever its shape: ``\\boxed{}``, bare LaTeX, a
   ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
   punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies,
-  words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
+  Unicode math (``½``, ``2√3``, ``√(x+1)``, ``x²``, ``·``, ``×``, ``÷``, ``≤``, ``∞``, ``−``) read as its LaTeX in answers
+  and truths, words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
   by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
   Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
   takes back does not compete with it.
@@ -412,13 +413,107 @@ def _norm(s: str) -> str:
 
 _NORM_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?")
 _UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
-_UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
-_UNICODE_RE = re.compile("|".join(_UNICODE))
+_UNICODE |= {
+    "≤": "\\le",
+    "≥": "\\ge",
+    "∞": "\\infty",
+    "±": "\\pm",
+    "∓": "\\mp",
+    "≠": "\\ne",
+    "⁄": "/",
+    "∕": "/",
+}
+_UNICODE |= {
+    "∪": "\\cup",
+    "∩": "\\cap",
+    "∈": "\\in",
+    "∅": "\\emptyset",
+    "⋅": "\\cdot",
+    "∙": "\\cdot",
+    "√": "\\sqrt",
+}
+_UNICODE |= {"θ": "\\theta", "α": "\\alpha", "β": "\\beta", "γ": "\\gamma", "λ": "\\lambda", "φ": "\\phi"}
+_VULGAR = {
+    "½": (1, 2),
+    "⅓": (1, 3),
+    "⅔": (2, 3),
+    "¼": (1, 4),
+    "¾": (3, 4),
+    "⅕": (1, 5),
+    "⅖": (2, 5),
+    "⅗": (3, 5),
+}
+_VULGAR |= {
+    "⅘": (4, 5),
+    "⅙": (1, 6),
+    "⅚": (5, 6),
+    "⅐": (1, 7),
+    "⅛": (1, 8),
+    "⅜": (3, 8),
+    "⅝": (5, 8),
+    "⅞": (7, 8),
+}
+_VULGAR |= {"⅑": (1, 9), "⅒": (1, 10)}
+_UNICODE |= {c: f"\\frac{{{n}}}{{{d}}}" for c, (n, d) in _VULGAR.items()}
+_SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻ⁿⁱˣ", "0123456789+-nix", strict=True))
+_SUBSCRIPTS = dict(zip("₀₁₂₃₄₅₆₇₈₉", "0123456789", strict=True))
+_UNICODE_RE = re.compile(
+    "|".join(map(re.escape, _UNICODE))
+    + f"|[{''.join(_SUPERSCRIPTS)}]+|[{''.join(_SUBSCRIPTS)}]+|[\uff01-\uff5e]|[∛∜]"
+)
+# what a root sign applies to when no bracket follows it: a number, a letter, a command (√2, 2√3, √x, √\pi)
+_ROOT_OPERAND_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[a-zA-Z]|\\[a-zA-Z]+)")
+
+
+def _unicode_sign(m: re.Match) -> str:
+    c = m.group()
+    if c[0] in _SUPERSCRIPTS:
+        return "^{" + "".join(_SUPERSCRIPTS[x] for x in c) + "}"
+    if c[0] in _SUBSCRIPTS:
+        return "_{" + "".join(_SUBSCRIPTS[x] for x in c) + "}"
+    if c in "∛∜":
+        return "\\sqrt[3]" if c == "∛" else "\\sqrt[4]"
+    if "\uff01" <= c <= "\uff5e":  # full-width ASCII: ７ is 7
+        return chr(ord(c) - 0xFEE0)
+    latex = _UNICODE[c]
+    after = m.string[m.end() : m.end() + 1]
+    return latex + " " if latex[-1].isalpha() and latex[0] == "\\" and after.isalpha() else latex
+
+
+def _roots(s: str) -> str:
+    """\\sqrt (from √) followed by (...) or a bare operand gets braces: √(x+1), √2, 2√3 are \\sqrt{...}."""
+    out, i = [], 0
+    for m in re.finditer(r"\\sqrt(?:\[\d\])?(?![a-zA-Z])", s):
+        if m.start() < i:
+            continue
+        out.append(s[i : m.end()])
+        i = m.end()
+        rest = s[i:]
+        if rest[:1] == "(":
+            depth = 0
+            for j, ch in enumerate(rest):
+                depth += ch == "("
+                depth -= ch == ")"
+                if depth == 0:
+                    out.append("{" + rest[1:j] + "}")
+                    i += j + 1
+                    break
+        elif rest[:1] != "{":
+            operand = _ROOT_OPERAND_RE.match(rest)
+            if operand is not None:
+                out.append("{" + operand.group(1) + "}")
+                i += operand.end()
+    return "".join(out) + s[i:]
 
 
 def _unicode(s: str) -> str:
-    """The LaTeX for the Unicode signs models write: 36°, −2, 3×4, π, ≤."""
-    return _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s) if not s.isascii() else s
+    """The LaTeX for the Unicode math models write, answers and truths alike: 36°, −2, 3×4, π, ≤, ½, √2, 2√3,
+    √(x+1), x², x⁻¹, 1011₂, ７."""
+    if s.isascii():
+        return s
+    had_root = "√" in s or "∛" in s or "∜" in s
+    s = _UNICODE_RE.sub(_unicode_sign, s)
+    return _roots(s) if had_root else s
 
 
 class _Answer(NamedTuple):
