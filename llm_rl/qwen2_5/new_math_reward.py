@@ -16,6 +16,9 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
 * No credit for hedging: an answer that offers more than one value, a range, a bound or an alternative
   (``4 but maybe 5``, ``3? 4? 5?``, ``between 4 and 5``, ``at least 5``, ``5 or more``) scores 0, unless the truth
   is itself that kind of object (an inequality, an interval, a set of solutions), when it is judged against it.
+* Pairs and sets, one rule both ways: a bracketed tuple (``(3,-3)``) is ordered and right only for the same tuple;
+  a list of solutions (``3, -3``, ``3 or -3``, ``\\pm 3``, ``\\{3,-3\\}``) is a set, right for the same set in any
+  order; a pair is never right for a set nor a set for a pair.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -1362,6 +1365,22 @@ def _set_verdict(a: str, t: str) -> bool | None:
     return av == tv
 
 
+def _collection(s: str) -> str | None:
+    """'pair' for one bracketed tuple or interval of several items ((3,-3), [1,2)), 'set' for several solutions
+    (3,-3 / 3 \\text{or} -3 / \\pm3 / \\{3,-3\\} / (1,2),(3,4)), None for one value.  One rule, both directions:
+    a pair is never a set, so neither is right for the other."""
+    if _THOUSANDS_GROUP_RE.search(s):
+        return None  # 1,000: a separator or a list, math_verify decides
+    parts = _top_level(s, comma_needs_space=False)
+    if parts is None or _SET_BUILDER_RE.fullmatch(s):  # \\{x \\mid -2<x<3\\} is an interval
+        return None
+    if len(parts) > 1 or s.startswith("\\{") and s.endswith("\\}") or _ALTERNATIVES_RE.search(s):
+        return "set"
+    if s[:1] in "([" and s[-1:] in ")]" and len(_top_level(s[1:-1], comma_needs_space=False) or ()) > 1:
+        return "pair"
+    return "set" if _PLUS_MINUS_RE.search(s) else None
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
     if a == t:
@@ -1374,6 +1393,9 @@ def _verdict_one(a: str, t: str) -> bool | None:
         return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
     if t_set is not None and a_set is None and "=" not in a:
         return _verdict_one(a, t_set.group(2))
+    kinds = {_collection(a), _collection(t)}
+    if kinds == {"pair", "set"}:  # (3,-3) for \\pm3, 3 or -3 for (3,-3): a set is not a pair, either way
+        return False
     for rule in (_word_verdict, _set_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -2236,6 +2258,8 @@ def _truths(ground_truth: Any) -> tuple[str, ...]:
             continue
         spans = _boxed_spans(text) if "\\boxed" in text or "\\fbox" in text else []
         text = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text))
+        solutions = _solutions(text) if " or " in text or " and " in text else None
+        text = solutions[0] if solutions is not None else text  # 3 or -3: the set, as in an answer
         if text:
             out.append(text)
     return tuple(out)
