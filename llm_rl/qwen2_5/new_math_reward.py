@@ -1381,6 +1381,118 @@ def _collection(s: str) -> str | None:
     return "set" if _PLUS_MINUS_RE.search(s) else None
 
 
+# ---------------------------------------------------------------- more shapes decided exactly (issue 47)
+#
+# Shapes that used to reach sympy, mostly as near misses: multiple-choice letters, matrices and vectors entry by
+# entry, intervals whose brackets differ at a finite end, unions of intervals (as sets of reals), and logarithms
+# of one base.  Each decides only where the decision is exact; anything else is left to math_verify as before.
+
+_CHOICE_TRUTH_RE = re.compile(r"\\text\{\(([A-E])\)\}|\(([A-E])\)")
+_CHOICE_ANSWER_RE = re.compile(r"\\text\{\(([A-E])\)\}|\(([A-E])\)|\\text\{([A-E])\}|([A-E])")
+_MATRIX_RE = re.compile(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", re.DOTALL)
+_LOG_RE = re.compile(r"\\log_(?:\{([^{}]+)\}|(\d))(?:\{([^{}]+)\}|\(([^()]+)\)|(\d+))")
+_ROW_END_RE = re.compile(r"\\\\?(?![a-zA-Z{}])")
+MAX_MATRIX_CELLS = 64
+
+
+def _choice_verdict(a: str, t: str) -> bool | None:
+    """\\text{(C)}, (C), C for the truth \\text{(C)} or (C): the letter decides."""
+    truth = _CHOICE_TRUTH_RE.fullmatch(t)
+    answer = _CHOICE_ANSWER_RE.fullmatch(a) if truth is not None else None
+    if answer is None:
+        return None
+    return next(g for g in answer.groups() if g) == next(g for g in truth.groups() if g)
+
+
+def _cells(s: str) -> list[list[str]] | None:
+    m = _MATRIX_RE.fullmatch(s)
+    if m is None or "\\begin" in m.group(1):
+        return None
+    # rows end at \\\\ (which _norm may have left as one backslash: "\\\\ -18" loses "\\ " as a space)
+    rows = [row.split("&") for row in _ROW_END_RE.split(m.group(1)) if row]
+    return rows if rows and sum(map(len, rows)) <= MAX_MATRIX_CELLS else None
+
+
+def _matrix_verdict(a: str, t: str) -> bool | None:
+    """Matrices and vectors (pmatrix, bmatrix, ...): the same shape and every entry equal."""
+    ta = _cells(t)
+    if ta is None:
+        return None
+    aa = _cells(a)
+    if aa is None:
+        return None
+    if [len(r) for r in aa] != [len(r) for r in ta]:
+        return False
+    return _all_verdict(
+        [_verdict_one(x, y) for ra, rt in zip(aa, ta, strict=True) for x, y in zip(ra, rt, strict=True)]
+    )
+
+
+def _real(s: str) -> Fraction | float | None:
+    """An endpoint as an exact rational (or +-inf), None when it is not one."""
+    if s in _INFINITY:
+        return _INFINITY[s] * math.inf
+    value = _exact(s)
+    return value.re if value is not None and value.im == 0 else None
+
+
+def _reals(s: str) -> list[tuple] | None:
+    """A union of intervals as sorted disjoint (low, low_closed, high, high_closed), None if not exactly one."""
+    pieces = s.split("\\cup")
+    if len(pieces) > 16:
+        return None
+    spans = []
+    for piece in pieces:
+        m = _INTERVAL_RE.fullmatch(piece)
+        if m is None or piece.startswith(("x", "\\")):
+            return None
+        low, high = _real(m.group(2)), _real(m.group(3))
+        if low is None or high is None:
+            return None
+        low_closed, high_closed = (
+            m.group(1) == "[" and low != -math.inf,
+            m.group(4) == "]" and high != math.inf,
+        )
+        if low < high or low == high and low_closed and high_closed:
+            spans.append((low, not low_closed, high, high_closed))  # sorts a closed start first
+    merged: list[list] = []
+    for low, low_open, high, high_closed in sorted(spans):
+        if merged and (low < merged[-1][2] or low == merged[-1][2] and (merged[-1][3] or not low_open)):
+            last = merged[-1]
+            if high > last[2] or high == last[2] and high_closed:
+                last[2], last[3] = high, high_closed
+        else:
+            merged.append([low, low_open, high, high_closed])
+    return [tuple(m) for m in merged]
+
+
+def _union_verdict(a: str, t: str) -> bool | None:
+    """Intervals and unions of intervals as sets of reals: (1,3] \\cup (3,5) is (1,5); [1,2] is not [1,2)."""
+    if "\\cup" not in a + t and (a[:1] + a[-1:] == t[:1] + t[-1:] or "[" not in a + t and "]" not in a + t):
+        return None  # one interval with the same brackets (or a point): the rules above decide it
+    if not (a[:1] in "([" and t[:1] in "([" and a[-1:] in ")]" and t[-1:] in ")]"):
+        return None
+    ra, rt = _reals(a), _reals(t)
+    if ra is None or rt is None:
+        return None
+    return ra == rt
+
+
+def _log_verdict(a: str, t: str) -> bool | None:
+    """\\log_2 17 against \\log_{2} 16: one base, so the arguments decide."""
+    ma, mt = _LOG_RE.fullmatch(a), _LOG_RE.fullmatch(t)
+    if ma is None or mt is None:
+        return None
+    base_a, base_t = _real(ma.group(1) or ma.group(2)), _real(mt.group(1) or mt.group(2))
+    arg_a = _real(next(g for g in ma.groups()[2:] if g))
+    arg_t = _real(next(g for g in mt.groups()[2:] if g))
+    if None in (base_a, base_t, arg_a, arg_t) or base_a != base_t or base_a <= 0 or base_a == 1:
+        return None
+    if arg_a <= 0 or arg_t <= 0:
+        return None
+    return arg_a == arg_t
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
     if a == t:
@@ -1403,6 +1515,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
     a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
     if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
         return False  # 5 m is not 5 cm (math_verify 0.9.0 drops both units and would say it is)
+    for rule in (_choice_verdict, _matrix_verdict, _log_verdict, _union_verdict):
+        verdict = rule(a, t)
+        if verdict is not None:
+            return verdict
     for rule in (_base_verdict, _chain_verdict, _tuple_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -1416,8 +1532,9 @@ def _verdict_one(a: str, t: str) -> bool | None:
         # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
         return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
-    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True:
-        return None  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
+    both_percent = ap != au and tp != tu and (a, t) == (aw, tw) and (au, tu) == (aw, tw)
+    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True and not both_percent:
+        return None  # (35\% against 34\%: the same sign both sides, the numbers decide)  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
     return verdict
 
 
