@@ -480,7 +480,7 @@ def _measure(path: Path, how: str, items, warm, workers: int | None) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def policy(args) -> None:
+def policy(args, versions: dict[str, Path]) -> None:
     """The policy-shaped workload through the original recipe's reward and this one, each in a fresh process,
     in rotated order, args.reps times; answers per second, the ratio and each one's accuracy on the labels."""
     items = policy_workload(args.hostile_rate, args.seed)
@@ -496,6 +496,12 @@ def policy(args) -> None:
     )
     original, where = original_file(args.original)
     contenders = {"now, per answer": (REWARD_PATH, "each"), "now, batch": (REWARD_PATH, "batch")}
+    if "before" in versions:  # --before REV: the reward as it was, in the same run
+        contenders = {
+            f"before {args.before}, per answer": (versions["before"], "each"),
+            f"before {args.before}, batch": (versions["before"], "batch"),
+            **contenders,
+        }
     if original is None:
         print(f"  original recipe's reward: skipped, {where}")
     else:
@@ -587,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in ("hard", "all"):
         hard(versions)
     if args.scenario in ("policy", "all"):
-        policy(args)
+        policy(args, versions)
     if args.scenario in ("faults", "all"):
         faults(versions, args)
     print(f"machine: {available_cores()}")
