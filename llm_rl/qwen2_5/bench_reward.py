@@ -430,13 +430,14 @@ def original_file(option: str | None) -> tuple[Path | None, str]:
     return path, f"{mirror} HEAD:{ORIGINAL_IN_MIRROR}"
 
 
-def policy_workload(hostile_rate: float, seed: int) -> list[tuple[str, str, bool]]:
-    """The kept policy-shaped answers (64 prompts x 8 samples), hostile_rate of them replaced by hostile ones."""
+def policy_workload(hostile_rate: float, seed: int) -> list[tuple[str, str, bool | None]]:
+    """The kept policy-shaped answers (64 prompts x 8 samples), hostile_rate of them replaced by hostile ones
+    (labelled None: the labels say which spelling is right, and a hostile answer is no spelling)."""
     rows = [json.loads(line) for line in WORKLOAD_PATH.read_text().splitlines() if line.strip()]
     items = [(r["response"], r["ground_truth"], r["right"]) for r in rows]
     rng = random.Random(seed)
     for k, index in enumerate(rng.sample(range(len(items)), round(len(items) * hostile_rate))):
-        items[index] = (*HOSTILE[k % len(HOSTILE)], False)
+        items[index] = (*HOSTILE[k % len(HOSTILE)], None)  # no label: some are right (\\boxed{1\\x00} for 1)
     return items
 
 
@@ -489,7 +490,7 @@ def policy(args, versions: dict[str, Path]) -> None:
     left = left_to_sympy(module, [(a, t) for a, t, _ in items])
     module.shutdown()
     hostile = sum((a, t) in HOSTILE for a, t, _ in items)
-    right = sum(ok for *_, ok in items)
+    right = sum(ok is True for *_, ok in items)
     print(
         f"\npolicy-shaped answers ({WORKLOAD_PATH.name}: {len(items)} = 64 prompts x 8 samples, {right} right, "
         f"{hostile} hostile); left to sympy by the cheap checks: {left}/{len(items)} ({left / len(items):.1%})"
@@ -517,14 +518,15 @@ def policy(args, versions: dict[str, Path]) -> None:
             path, how = contenders[name]
             got = _measure(path, how, items, warm, args.workers)
             seconds[name].append(got["seconds"])
-            accuracy[name] = sum(
-                (s > 0) == ok for s, (*_, ok) in zip(got["scores"], items, strict=True)
-            ) / len(items)
+            labelled = [
+                (s > 0) == ok for s, (*_, ok) in zip(got["scores"], items, strict=True) if ok is not None
+            ]
+            accuracy[name] = sum(labelled) / len(labelled)
     for name in names:
         rates = sorted(len(items) / s for s in seconds[name])
         print(
             f"  {name:<22} {statistics.median(rates):8.1f} answers/s (runs {rates[0]:.1f}-{rates[-1]:.1f})"
-            f"   agrees with the labels on {accuracy[name]:.3f}"
+            f"   agrees with the labels on {accuracy[name]:.3f} (of {len(items) - hostile})"
         )
     if original is not None:
         base = seconds["original, per answer"]
