@@ -62,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -436,28 +437,13 @@ _UNICODE |= {
     "√": "\\sqrt",
 }
 _UNICODE |= {"θ": "\\theta", "α": "\\alpha", "β": "\\beta", "γ": "\\gamma", "λ": "\\lambda", "φ": "\\phi"}
-_VULGAR = {
-    "½": (1, 2),
-    "⅓": (1, 3),
-    "⅔": (2, 3),
-    "¼": (1, 4),
-    "¾": (3, 4),
-    "⅕": (1, 5),
-    "⅖": (2, 5),
-    "⅗": (3, 5),
+_VULGAR = "½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅐⅛⅜⅝⅞⅑⅒"  # each the fraction unicodedata.numeric names: ½ is 1/2
+_UNICODE |= {
+    c: "\\frac{{{0.numerator}}}{{{0.denominator}}}".format(
+        Fraction(unicodedata.numeric(c)).limit_denominator(10)
+    )
+    for c in _VULGAR
 }
-_VULGAR |= {
-    "⅘": (4, 5),
-    "⅙": (1, 6),
-    "⅚": (5, 6),
-    "⅐": (1, 7),
-    "⅛": (1, 8),
-    "⅜": (3, 8),
-    "⅝": (5, 8),
-    "⅞": (7, 8),
-}
-_VULGAR |= {"⅑": (1, 9), "⅒": (1, 10)}
-_UNICODE |= {c: f"\\frac{{{n}}}{{{d}}}" for c, (n, d) in _VULGAR.items()}
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻ⁿⁱˣ", "0123456789+-nix", strict=True))
 _SUBSCRIPTS = dict(zip("₀₁₂₃₄₅₆₇₈₉", "0123456789", strict=True))
 _UNICODE_RE = re.compile(
