@@ -444,11 +444,11 @@ _UNICODE |= {
     )
     for c in _VULGAR
 }
-_SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻ⁿⁱˣ", "0123456789+-nix", strict=True))
-_SUBSCRIPTS = dict(zip("₀₁₂₃₄₅₆₇₈₉", "0123456789", strict=True))
+# str.maketrans, not zip(strict=): the file must import under an old Python to say at the first call what it needs
+_SUPERSCRIPTS, _SUBSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻ⁿⁱˣ", "₀₁₂₃₄₅₆₇₈₉"
+_SCRIPT_DIGITS = str.maketrans(_SUPERSCRIPTS + _SUBSCRIPTS, "0123456789+-nix0123456789")
 _UNICODE_RE = re.compile(
-    "|".join(map(re.escape, _UNICODE))
-    + f"|[{''.join(_SUPERSCRIPTS)}]+|[{''.join(_SUBSCRIPTS)}]+|[\uff01-\uff5e]|[∛∜]"
+    "|".join(map(re.escape, _UNICODE)) + f"|[{_SUPERSCRIPTS}]+|[{_SUBSCRIPTS}]+|[\uff01-\uff5e]|[∛∜]"
 )
 # what a root sign applies to when no bracket follows it: a number, a letter, a command (√2, 2√3, √x, √\pi)
 _ROOT_OPERAND_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[a-zA-Z]|\\[a-zA-Z]+)")
@@ -457,9 +457,9 @@ _ROOT_OPERAND_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[a-zA-Z]|\\[a-zA-Z]+)")
 def _unicode_sign(m: re.Match) -> str:
     c = m.group()
     if c[0] in _SUPERSCRIPTS:
-        return "^{" + "".join(_SUPERSCRIPTS[x] for x in c) + "}"
+        return "^{" + c.translate(_SCRIPT_DIGITS) + "}"
     if c[0] in _SUBSCRIPTS:
-        return "_{" + "".join(_SUBSCRIPTS[x] for x in c) + "}"
+        return "_{" + c.translate(_SCRIPT_DIGITS) + "}"
     if c in "∛∜":
         return "\\sqrt[3]" if c == "∛" else "\\sqrt[4]"
     if "\uff01" <= c <= "\uff5e":  # full-width ASCII: ７ is 7
