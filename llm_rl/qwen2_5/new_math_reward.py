@@ -2295,9 +2295,10 @@ def shutdown() -> None:
 
 
 def _verify(
-    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None
-) -> tuple[bool, bool]:
-    """(correct, timed_out) through the cache, the cheap verdicts and the worker pool."""
+    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None, caller_only: bool = False
+) -> tuple[bool, bool] | None:
+    """(correct, timed_out) through the cache, the cheap verdicts and the worker pool; with caller_only, None
+    where the answer needs the pool."""
     key = (answer.text, answer.boxed, truths, answer.others)
     with _CACHE_LOCK:
         if key in _CACHE:
@@ -2311,6 +2312,8 @@ def _verify(
         sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
         if not sane:
             return False, False
+        if caller_only:
+            return None
         pool = _get_pool(workers)
         request = {
             "answer": _for_sympy(answer.text),
@@ -2479,21 +2482,29 @@ def compute_score_batch(
         except Exception:  # noqa: BLE001
             preps.append(None)
 
-    def score(i: int) -> None:
+    def score(i: int, caller_only: bool = False) -> bool:
+        """Score answer i; False (nothing done) where caller_only and it needs the pool."""
         prep = preps[i]
         if prep is None or prep.answer is None:
-            return
+            return True
         try:
-            results[i] = _finish(prep, *_verify(prep.answer, prep.truths, timeout, workers))
+            verdict = _verify(prep.answer, prep.truths, timeout, workers, caller_only)
+            if verdict is None:
+                return False
+            results[i] = _finish(prep, *verdict)
         except MathVerifyUnavailable:
             raise
         except Exception:  # noqa: BLE001
             results[i] = _zero()
+        return True
 
-    # more callers than running places, so that ordinary answers pass a slow one instead of queueing
-    threads = BATCH_THREADS_PER_WORKER * (workers or _default_workers())
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
-        list(executor.map(score, range(len(responses))))
+    # what the cache and the cheap checks decide is decided here, in this thread: no thread pool for it
+    pending = [i for i in range(len(responses)) if not score(i, caller_only=True)]
+    if pending:
+        # more callers than running places, so that ordinary answers pass a slow one instead of queueing
+        threads = min(len(pending), BATCH_THREADS_PER_WORKER * (workers or _default_workers()))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
+            list(executor.map(score, pending))
     return results
 
 
