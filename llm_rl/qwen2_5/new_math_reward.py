@@ -609,7 +609,7 @@ _BOUND_AFTER_RE = re.compile(  # after the value it bounds, with nothing after: 
 _RANGE_BEFORE_RE = re.compile(r"\bbetween\b", re.IGNORECASE)  # followed by 2 values: between 4 and 5
 _RANGE_JOIN_RE = re.compile(r"^\s*(?:to|through|until|till|–|—|\\text\{\s*to\s*\}|\\sim|\\to)\s*$", re.I)
 _SEVERAL_TRUTH_RE = re.compile(  # a truth that is itself several values, a range or a bound
-    r"\\(?:pm|mp|cup|cap|infty|in|le|ge|leq|geq|lt|gt)\b|\\text\{\s*(?:or|and)\s*\}|\\\{|[<>≤≥;]|,(?!\d{3})"
+    r"\\(?:pm|mp|cup|cap|infty|in|le|ge|leq|geq|lt|gt)(?![a-zA-Z])|\\text\{\s*(?:or|and)\s*\}|\\\{|[<>≤≥;]|,(?!\d{3})"
     r"|\b(?:or|and)\b"
 )
 MAX_HEDGE_SCOPE = 2_000  # a longer block is prose; the answer rules above already handle it

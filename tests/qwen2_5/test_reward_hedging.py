@@ -110,6 +110,9 @@ def test_one_value_stated_with_such_words_stays_right(reward, answer):
         ("$-2 < x < 3$", "(-2,3)", 1.0),
         ("1 or 2", "1, 2", 1.0),
         ("x = 5 or x = -5", "\\pm 5", 1.0),
+        ("-7 or 7", "\\pm7", 1.0),  # \pm written against its number (the held-out sets have it)
+        ("x=-5 or x=5", "\\pm5", 1.0),
+        ("-7 or 8", "\\pm7", 0.0),
         ("4 or 5", "4, 5", 1.0),
         ("4 or 6", "4, 5", 0.0),
     ],
