@@ -392,6 +392,152 @@ def faults(versions: dict[str, Path], args) -> None:
         print(f"  {name:<6} {memory(module, args.workers or module._default_workers())}")
 
 
+# ---------------------------------------------------------------- a policy's answers against the original reward
+
+WORKLOAD_PATH = (
+    REPO / "tests" / "qwen2_5" / "reward_policy_workload.jsonl"
+)  # reward_cases.policy_answers(512, 47)
+ORIGINAL_ENV = "ORIGINAL_MATH_REWARD"  # a path to the original recipe's new_math_reward.py
+ORIGINAL_MIRROR = Path(
+    "/work/.mirror/hicann+cann-recipes-train/repo"
+)  # a bare git mirror of cann-recipes-train
+ORIGINAL_IN_MIRROR = "llm_rl/qwen2_5/verl_npu_demo/new_math_reward.py"
+
+
+def original_file(option: str | None) -> tuple[Path | None, str]:
+    """The original recipe's reward (Huawei's cann-recipes-train), read at run time, never copied here:
+    --original PATH, else $ORIGINAL_MATH_REWARD, else the file in a cann-recipes-train mirror
+    ($ORIGINAL_MATH_REWARD_MIRROR, default /work/.mirror/...).  (None, why) when it cannot be had."""
+    for where, value in (("--original", option), (f"${ORIGINAL_ENV}", os.environ.get(ORIGINAL_ENV))):
+        if value:
+            path = Path(value)
+            return (path, f"{where} {path}") if path.is_file() else (None, f"{where} {path}: no such file")
+    mirror = Path(os.environ.get(f"{ORIGINAL_ENV}_MIRROR", ORIGINAL_MIRROR))
+    try:
+        text = subprocess.run(
+            ["git", f"--git-dir={mirror}", "show", f"HEAD:{ORIGINAL_IN_MIRROR}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = exc.stderr.strip().splitlines()[-1] if getattr(exc, "stderr", None) else str(exc)
+        return None, (
+            f"not found (no --original, no ${ORIGINAL_ENV}, and {mirror}:{ORIGINAL_IN_MIRROR} unreadable: {why})"
+        )
+    path = Path(tempfile.mkdtemp(prefix="reward-original-")) / "new_math_reward.py"
+    path.write_text(text)
+    return path, f"{mirror} HEAD:{ORIGINAL_IN_MIRROR}"
+
+
+def policy_workload(hostile_rate: float, seed: int) -> list[tuple[str, str, bool | None]]:
+    """The kept policy-shaped answers (64 prompts x 8 samples), hostile_rate of them replaced by hostile ones
+    (labelled None: the labels say which spelling is right, and a hostile answer is no spelling)."""
+    rows = [json.loads(line) for line in WORKLOAD_PATH.read_text().splitlines() if line.strip()]
+    items = [(r["response"], r["ground_truth"], r["right"]) for r in rows]
+    rng = random.Random(seed)
+    for k, index in enumerate(rng.sample(range(len(items)), round(len(items) * hostile_rate))):
+        items[index] = (*HOSTILE[k % len(HOSTILE)], None)  # no label: some are right (\\boxed{1\\x00} for 1)
+    return items
+
+
+MEASURE = """
+import importlib.util, json, sys, time, warnings, logging
+warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
+path, how = sys.argv[1], sys.argv[2]
+with open(sys.argv[3]) as f:
+    workload, warm = json.load(f)
+spec = importlib.util.spec_from_file_location("reward_under_test", path)
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+def score_all(items):
+    if how == "batch":
+        return [r["score"] for r in m.compute_score_batch(["s"] * len(items), [a for a, _ in items], [t for _, t in items])]
+    return [float(m.compute_score("s", a, t)) for a, t in items]
+score_all(warm)  # imports, helpers, caches of the parser: outside the figure, for every contender alike
+t0 = time.perf_counter()
+scores = score_all(workload)
+print(json.dumps({"seconds": time.perf_counter() - t0, "scores": scores}))
+"""
+
+
+def _measure(path: Path, how: str, items, warm, workers: int | None) -> dict:
+    env = dict(os.environ)
+    if workers:
+        env["MATH_REWARD_WORKERS"] = str(workers)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as data:  # too long for argv
+        json.dump([[(a, t) for a, t, _ in items], [(a, t) for a, t, _ in warm]], data)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(path), how, data.name],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+    finally:
+        os.unlink(data.name)
+    if done.returncode != 0:
+        raise RuntimeError(f"{how} on {path} failed: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def policy(args, versions: dict[str, Path]) -> None:
+    """The policy-shaped workload through the original recipe's reward and this one, each in a fresh process,
+    in rotated order, args.reps times; answers per second, the ratio and each one's accuracy on the labels."""
+    items = policy_workload(args.hostile_rate, args.seed)
+    warm = [(a, t, ok) for a, t, ok in reward_cases.policy_answers(16, args.seed + 1000)]
+    module = _load_file(REWARD_PATH, "reward_policy_now")
+    left = left_to_sympy(module, [(a, t) for a, t, _ in items])
+    module.shutdown()
+    hostile = sum((a, t) in HOSTILE for a, t, _ in items)
+    right = sum(ok is True for *_, ok in items)
+    print(
+        f"\npolicy-shaped answers ({WORKLOAD_PATH.name}: {len(items)} = 64 prompts x 8 samples, {right} right, "
+        f"{hostile} hostile); left to sympy by the cheap checks: {left}/{len(items)} ({left / len(items):.1%})"
+    )
+    original, where = original_file(args.original)
+    contenders = {"now, per answer": (REWARD_PATH, "each"), "now, batch": (REWARD_PATH, "batch")}
+    if "before" in versions:  # --before REV: the reward as it was, in the same run
+        contenders = {
+            f"before {args.before}, per answer": (versions["before"], "each"),
+            f"before {args.before}, batch": (versions["before"], "batch"),
+            **contenders,
+        }
+    if original is None:
+        print(f"  original recipe's reward: skipped, {where}")
+    else:
+        print(f"  original recipe's reward: {where}")
+        contenders = {"original, per answer": (original, "each"), **contenders}
+    names = list(contenders)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    accuracy: dict[str, float] = {}
+    for rep in range(args.reps):
+        for name in (
+            names[rep % len(names) :] + names[: rep % len(names)]
+        ):  # rotated: no one always runs first
+            path, how = contenders[name]
+            got = _measure(path, how, items, warm, args.workers)
+            seconds[name].append(got["seconds"])
+            labelled = [
+                (s > 0) == ok for s, (*_, ok) in zip(got["scores"], items, strict=True) if ok is not None
+            ]
+            accuracy[name] = sum(labelled) / len(labelled)
+    for name in names:
+        rates = sorted(len(items) / s for s in seconds[name])
+        print(
+            f"  {name:<22} {statistics.median(rates):8.1f} answers/s (runs {rates[0]:.1f}-{rates[-1]:.1f})"
+            f"   agrees with the labels on {accuracy[name]:.3f} (of {len(items) - hostile})"
+        )
+    if original is not None:
+        base = seconds["original, per answer"]
+        for name in names[1:]:
+            ratios = sorted(b / s for b, s in zip(base, seconds[name], strict=True))
+            print(
+                f"  {name} / original: {statistics.median(ratios):.1f}x (per rep {ratios[0]:.1f}-{ratios[-1]:.1f},"
+                f" {args.reps} reps, fresh processes, rotated)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2048, help="answers in the step (default 256 x 8)")
@@ -410,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--scenario",
-        choices=("step", "faults", "hard", "all"),
+        choices=("step", "faults", "hard", "policy", "all"),
         default="all",
         help="what to measure (default all)",
     )
@@ -423,6 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", type=int, default=20, help="hostile answers in the faults scenario")
     parser.add_argument("--ordinary", type=int, default=12, help="ordinary answers in the faults scenario")
     parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes timed for the cold start")
+    parser.add_argument(
+        "--original",
+        default=None,
+        help=f"the original recipe's new_math_reward.py for --scenario policy (else ${ORIGINAL_ENV}, else a "
+        "cann-recipes-train mirror; skipped with the reason when none is found)",
+    )
+    parser.add_argument("--reps", type=int, default=3, help="fresh-process runs of each contender (policy)")
     args = parser.parse_args(argv)
     if args.n < 1 or not 0 <= args.hostile_rate <= 1 or not 0 <= args.sympy_share <= 1 or args.timeout <= 0:
         parser.error("--n must be >= 1, --hostile-rate and --sympy-share within [0, 1] and --timeout > 0")
@@ -441,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         step(args, versions)
     if args.scenario in ("hard", "all"):
         hard(versions)
+    if args.scenario in ("policy", "all"):
+        policy(args, versions)
     if args.scenario in ("faults", "all"):
         faults(versions, args)
     print(f"machine: {available_cores()}")

@@ -8,10 +8,17 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
 * The answer is the ``<answer>`` block, judged by value whatever its shape: ``\\boxed{}``, bare LaTeX, a
   ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
   punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies,
-  words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
+  Unicode math (``½``, ``2√3``, ``√(x+1)``, ``x²``, ``·``, ``×``, ``÷``, ``≤``, ``∞``, ``−``) read as its LaTeX in answers
+  and truths, words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
   by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
   Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
   takes back does not compete with it.
+* No credit for hedging: an answer that offers more than one value, a range, a bound or an alternative
+  (``4 but maybe 5``, ``3? 4? 5?``, ``between 4 and 5``, ``at least 5``, ``5 or more``) scores 0, unless the truth
+  is itself that kind of object (an inequality, an interval, a set of solutions), when it is judged against it.
+* Pairs and sets, one rule both ways: a bracketed tuple (``(3,-3)``) is ordered and right only for the same tuple;
+  a list of solutions (``3, -3``, ``3 or -3``, ``\\pm 3``, ``\\{3,-3\\}``) is a set, right for the same set in any
+  order; a pair is never right for a set nor a set for a pair.
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -55,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -409,13 +417,92 @@ def _norm(s: str) -> str:
 
 _NORM_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?")
 _UNICODE = {"−": "-", "×": "\\times", "·": "\\cdot", "÷": "\\div", "π": "\\pi", "°": "^\\circ"}
-_UNICODE |= {"≤": "\\le", "≥": "\\ge", "∞": "\\infty"}
-_UNICODE_RE = re.compile("|".join(_UNICODE))
+_UNICODE |= {
+    "≤": "\\le",
+    "≥": "\\ge",
+    "∞": "\\infty",
+    "±": "\\pm",
+    "∓": "\\mp",
+    "≠": "\\ne",
+    "⁄": "/",
+    "∕": "/",
+}
+_UNICODE |= {
+    "∪": "\\cup",
+    "∩": "\\cap",
+    "∈": "\\in",
+    "∅": "\\emptyset",
+    "⋅": "\\cdot",
+    "∙": "\\cdot",
+    "√": "\\sqrt",
+}
+_UNICODE |= {"θ": "\\theta", "α": "\\alpha", "β": "\\beta", "γ": "\\gamma", "λ": "\\lambda", "φ": "\\phi"}
+_VULGAR = "½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅐⅛⅜⅝⅞⅑⅒"  # each the fraction unicodedata.numeric names: ½ is 1/2
+_UNICODE |= {
+    c: "\\frac{{{0.numerator}}}{{{0.denominator}}}".format(
+        Fraction(unicodedata.numeric(c)).limit_denominator(10)
+    )
+    for c in _VULGAR
+}
+# str.maketrans, not zip(strict=): the file must import under an old Python to say at the first call what it needs
+_SUPERSCRIPTS, _SUBSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻ⁿⁱˣ", "₀₁₂₃₄₅₆₇₈₉"
+_SCRIPT_DIGITS = str.maketrans(_SUPERSCRIPTS + _SUBSCRIPTS, "0123456789+-nix0123456789")
+_UNICODE_RE = re.compile(
+    "|".join(map(re.escape, _UNICODE)) + f"|[{_SUPERSCRIPTS}]+|[{_SUBSCRIPTS}]+|[\uff01-\uff5e]|[∛∜]"
+)
+# what a root sign applies to when no bracket follows it: a number, a letter, a command (√2, 2√3, √x, √\pi)
+_ROOT_OPERAND_RE = re.compile(r"\s*(\d+(?:\.\d+)?|[a-zA-Z]|\\[a-zA-Z]+)")
+
+
+def _unicode_sign(m: re.Match) -> str:
+    c = m.group()
+    if c[0] in _SUPERSCRIPTS:
+        return "^{" + c.translate(_SCRIPT_DIGITS) + "}"
+    if c[0] in _SUBSCRIPTS:
+        return "_{" + c.translate(_SCRIPT_DIGITS) + "}"
+    if c in "∛∜":
+        return "\\sqrt[3]" if c == "∛" else "\\sqrt[4]"
+    if "\uff01" <= c <= "\uff5e":  # full-width ASCII: ７ is 7
+        return chr(ord(c) - 0xFEE0)
+    latex = _UNICODE[c]
+    after = m.string[m.end() : m.end() + 1]
+    return latex + " " if latex[-1].isalpha() and latex[0] == "\\" and after.isalpha() else latex
+
+
+def _roots(s: str) -> str:
+    """\\sqrt (from √) followed by (...) or a bare operand gets braces: √(x+1), √2, 2√3 are \\sqrt{...}."""
+    out, i = [], 0
+    for m in re.finditer(r"\\sqrt(?:\[\d\])?(?![a-zA-Z])", s):
+        if m.start() < i:
+            continue
+        out.append(s[i : m.end()])
+        i = m.end()
+        rest = s[i:]
+        if rest[:1] == "(":
+            depth = 0
+            for j, ch in enumerate(rest):
+                depth += ch == "("
+                depth -= ch == ")"
+                if depth == 0:
+                    out.append("{" + rest[1:j] + "}")
+                    i += j + 1
+                    break
+        elif rest[:1] != "{":
+            operand = _ROOT_OPERAND_RE.match(rest)
+            if operand is not None:
+                out.append("{" + operand.group(1) + "}")
+                i += operand.end()
+    return "".join(out) + s[i:]
 
 
 def _unicode(s: str) -> str:
-    """The LaTeX for the Unicode signs models write: 36°, −2, 3×4, π, ≤."""
-    return _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s) if not s.isascii() else s
+    """The LaTeX for the Unicode math models write, answers and truths alike: 36°, −2, 3×4, π, ≤, ½, √2, 2√3,
+    √(x+1), x², x⁻¹, 1011₂, ７."""
+    if s.isascii():
+        return s
+    had_root = "√" in s or "∛" in s or "∜" in s
+    s = _UNICODE_RE.sub(_unicode_sign, s)
+    return _roots(s) if had_root else s
 
 
 class _Answer(NamedTuple):
@@ -423,6 +510,9 @@ class _Answer(NamedTuple):
     boxed: bool  # came from \boxed{} (math_verify gets it wrapped again)
     ambiguous: bool  # offers several different values
     others: tuple[str, ...] = ()  # other boxes only sympy can compare with this one: all must equal it
+    scope: str = (
+        ""  # the text the answer is stated in (the block, or the final box's line): where hedges are read
+    )
 
 
 MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
@@ -468,8 +558,8 @@ def extract_answer(response: str) -> _Answer:
         if spans:
             a, b = spans[-1]
             agree, others = _agree(block, spans)
-            return _Answer(block[a:b], True, not agree, others)
-        return _block_answer(block)
+            return _Answer(block[a:b], True, not agree, others, block)
+        return _block_answer(block)._replace(scope=block)
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
@@ -478,13 +568,83 @@ def extract_answer(response: str) -> _Answer:
         return _Answer(None, False, False)
     a, b = spans[-1]
     # no reasoning marker: only values boxed on the final line compete; and never those taken back before the
-    # last box ("First \boxed{5}. Wait, I made an error. The answer is \boxed{6}.")
-    start = region.rfind("\n", 0, a) + 1 if t_close < 0 else 0
+    # last box ("First \\boxed{5}. Wait, I made an error. The answer is \\boxed{6}.")
+    line_start = region.rfind("\n", 0, a) + 1
+    start = line_start if t_close < 0 else 0
     for cue in _CORRECTION_RE.finditer(region, start, a):
         start = cue.end()
     spans = [s for s in spans if s[0] >= start]
     agree, others = _agree(region, spans)
-    return _Answer(region[a:b], True, not agree, others)
+    line_end = region.find("\n", b)
+    scope = region[max(line_start, start) : line_end if line_end >= 0 else len(region)]
+    return _Answer(region[a:b], True, not agree, others, scope)
+
+
+# ---------------------------------------------------------------- hedging
+#
+# An answer that offers more than one value, a range, a bound or an alternative is wrong, unless the truth is
+# itself such an object (an inequality, an interval, a set of solutions): "I think it's 4 but maybe 5",
+# "3? 4? 5?", "between 4 and 5", "4 to 5", "at least 5", "5 or more", "x \\ge 5" all score 0 for the truth 5.
+# A value is a run of math (digits, LaTeX commands, brackets, operators); "probably 5" offers one value.
+
+_VALUE_RUN_RE = re.compile(r"(?:[\d.{}^_+\-*/()\[\]|!]|\\[a-zA-Z]+|\$|\s)+")
+_VALUE_MARK_RE = re.compile(r"\d|\\(?:pi|infty)\b|\([A-E]\)")  # what makes a run of math a value
+_ALTERNATIVE_RE = re.compile(
+    r"\?|\b(?:maybe|perhaps|probably|possibly|likely|alternatively|otherwise|either|or|unsure|not\s+sure"
+    r"|(?:might|could|may)\s+(?:also\s+|well\s+)?be|i\s+(?:think|guess|believe|suppose))\b",
+    re.IGNORECASE,
+)
+_BOUND_BEFORE_RE = re.compile(  # before the one value that follows it: at least 5, x \\ge 5, under 5
+    r"\b(?:at\s+(?:least|most|minimum|maximum)|(?:no|not)\s+(?:more|less|fewer|greater|smaller|larger|bigger|higher"
+    r"|lower)\s+than|(?:more|less|fewer|greater|smaller|larger|bigger|higher|lower)\s+than|up\s+to|above"
+    r"|below|exceeds?|exceeding|minimum\s+of|maximum\s+of)\b|\\(?:geqslant|leqslant|geq|leq|ge|le|gt|lt|neq|ne)\b"
+    r"|[<>≤≥≠]",
+    re.IGNORECASE,
+)
+_BOUND_AFTER_RE = re.compile(  # after the value it bounds, with nothing after: 5 or more, 5 at least, 5+
+    r"(?:\b(?:or|and)\s+(?:more|less|fewer|greater|smaller|larger|higher|lower|above|below|up|over|under|so)"
+    r"|\bat\s+(?:least|most)|\bor\s+thereabouts|\+)\W*$",
+    re.IGNORECASE,
+)
+_RANGE_BEFORE_RE = re.compile(r"\bbetween\b", re.IGNORECASE)  # followed by 2 values: between 4 and 5
+_RANGE_JOIN_RE = re.compile(r"^\s*(?:to|through|until|till|–|—|\\text\{\s*to\s*\}|\\sim|\\to)\s*$", re.I)
+_SEVERAL_TRUTH_RE = re.compile(  # a truth that is itself several values, a range or a bound
+    r"\\(?:pm|mp|cup|cap|infty|in|le|ge|leq|geq|lt|gt)(?![a-zA-Z])|\\text\{\s*(?:or|and)\s*\}|\\\{|[<>≤≥;]|,(?!\d{3})"
+    r"|\b(?:or|and)\b"
+)
+MAX_HEDGE_SCOPE = 2_000  # a longer block is prose; the answer rules above already handle it
+
+
+def _value_runs(text: str) -> list[re.Match]:
+    return [m for m in _VALUE_RUN_RE.finditer(text) if _VALUE_MARK_RE.search(m.group())]
+
+
+def _hedged(scope: str) -> bool:
+    """True when the text an answer is stated in offers several values, a range, a bound or an alternative."""
+    scope = _unicode(scope[-MAX_HEDGE_SCOPE:])
+    segments = {
+        tuple(_SPACING_RE.sub("", m.group()).strip("$()[].") for m in _value_runs(part))
+        for part in _ALTERNATIVE_RE.split(scope)
+    }
+    if len(segments - {()}) > 1:  # I think it's 4 but maybe 5; 3? 4? 5?
+        return True
+    runs = _value_runs(scope)
+    if not runs:
+        return False
+    for bound in _BOUND_BEFORE_RE.finditer(scope):
+        if len(_value_runs(scope[bound.end() :])) == 1:  # the answer's value, bounded: at least 5, \\geq 5
+            return True
+    if _BOUND_AFTER_RE.search(scope, runs[-1].start()):  # 5 or more, 5+: nothing after it
+        return True
+    for lead in _RANGE_BEFORE_RE.finditer(scope):
+        if len(_value_runs(scope[lead.end() :])) == 2:  # between 4 and 5
+            return True
+    return len(runs) >= 2 and bool(_RANGE_JOIN_RE.match(scope[runs[-2].end() : runs[-1].start()]))
+
+
+def _several_allowed(truths: tuple[str, ...]) -> bool:
+    """The truth is itself several values, an interval or an inequality: answers of that kind are judged."""
+    return any(_SEVERAL_TRUTH_RE.search(_unicode(t)) or _interval(_norm(t)) is not None for t in truths)
 
 
 # ---------------------------------------------------------------- format and chain of thought
@@ -1191,6 +1351,134 @@ def _set_verdict(a: str, t: str) -> bool | None:
     return av == tv
 
 
+def _collection(s: str) -> str | None:
+    """'pair' for one bracketed tuple or interval of several items ((3,-3), [1,2)), 'set' for several solutions
+    (3,-3 / 3 \\text{or} -3 / \\pm3 / \\{3,-3\\} / (1,2),(3,4)), None for one value.  One rule, both directions:
+    a pair is never a set, so neither is right for the other."""
+    if _THOUSANDS_GROUP_RE.search(s):
+        return None  # 1,000: a separator or a list, math_verify decides
+    parts = _top_level(s, comma_needs_space=False)
+    if parts is None or _SET_BUILDER_RE.fullmatch(s):  # \\{x \\mid -2<x<3\\} is an interval
+        return None
+    if len(parts) > 1 or s.startswith("\\{") and s.endswith("\\}") or _ALTERNATIVES_RE.search(s):
+        return "set"
+    if s[:1] in "([" and s[-1:] in ")]" and len(_top_level(s[1:-1], comma_needs_space=False) or ()) > 1:
+        return "pair"
+    return "set" if _PLUS_MINUS_RE.search(s) else None
+
+
+# ---------------------------------------------------------------- more shapes decided exactly (issue 47)
+#
+# Shapes that used to reach sympy, mostly as near misses: multiple-choice letters, matrices and vectors entry by
+# entry, intervals whose brackets differ at a finite end, unions of intervals (as sets of reals), and logarithms
+# of one base.  Each decides only where the decision is exact; anything else is left to math_verify as before.
+
+_CHOICE_TRUTH_RE = re.compile(r"\\text\{\(([A-E])\)\}|\(([A-E])\)")
+_CHOICE_ANSWER_RE = re.compile(r"\\text\{\(([A-E])\)\}|\(([A-E])\)|\\text\{([A-E])\}|([A-E])")
+_MATRIX_RE = re.compile(r"\\begin\{pmatrix\}(.*)\\end\{pmatrix\}", re.DOTALL)
+_LOG_RE = re.compile(r"\\log_(?:\{([^{}]+)\}|(\d))(?:\{([^{}]+)\}|\(([^()]+)\)|(\d+))")
+_ROW_END_RE = re.compile(r"\\\\?(?![a-zA-Z{}])")
+MAX_MATRIX_CELLS = 64
+
+
+def _choice_verdict(a: str, t: str) -> bool | None:
+    """\\text{(C)}, (C), C for the truth \\text{(C)} or (C): the letter decides."""
+    truth = _CHOICE_TRUTH_RE.fullmatch(t)
+    answer = _CHOICE_ANSWER_RE.fullmatch(a) if truth is not None else None
+    if answer is None:
+        return None
+    return next(g for g in answer.groups() if g) == next(g for g in truth.groups() if g)
+
+
+def _cells(s: str) -> list[list[str]] | None:
+    m = _MATRIX_RE.fullmatch(s)
+    if m is None or "\\begin" in m.group(1):
+        return None
+    # rows end at \\\\ (which _norm may have left as one backslash: "\\\\ -18" loses "\\ " as a space)
+    rows = [row.split("&") for row in _ROW_END_RE.split(m.group(1)) if row]
+    return rows if rows and sum(map(len, rows)) <= MAX_MATRIX_CELLS else None
+
+
+def _matrix_verdict(a: str, t: str) -> bool | None:
+    """Matrices and vectors (pmatrix, bmatrix, ...): the same shape and every entry equal."""
+    ta = _cells(t)
+    if ta is None:
+        return None
+    aa = _cells(a)
+    if aa is None:
+        return None
+    if [len(r) for r in aa] != [len(r) for r in ta]:
+        return False
+    return _all_verdict(
+        [_verdict_one(x, y) for ra, rt in zip(aa, ta, strict=True) for x, y in zip(ra, rt, strict=True)]
+    )
+
+
+def _real(s: str) -> Fraction | float | None:
+    """An endpoint as an exact rational (or +-inf), None when it is not one."""
+    if s in _INFINITY:
+        return _INFINITY[s] * math.inf
+    value = _exact(s)
+    return value.re if value is not None and value.im == 0 else None
+
+
+def _reals(s: str) -> list[tuple] | None:
+    """A union of intervals as sorted disjoint (low, low_closed, high, high_closed), None if not exactly one."""
+    pieces = s.split("\\cup")
+    if len(pieces) > 16:
+        return None
+    spans = []
+    for piece in pieces:
+        m = _INTERVAL_RE.fullmatch(piece)
+        if m is None or piece.startswith(("x", "\\")):
+            return None
+        low, high = _real(m.group(2)), _real(m.group(3))
+        if low is None or high is None:
+            return None
+        low_closed, high_closed = (
+            m.group(1) == "[" and low != -math.inf,
+            m.group(4) == "]" and high != math.inf,
+        )
+        if low < high or low == high and low_closed and high_closed:
+            spans.append((low, not low_closed, high, high_closed))  # sorts a closed start first
+    merged: list[list] = []
+    for low, low_open, high, high_closed in sorted(spans):
+        if merged and (low < merged[-1][2] or low == merged[-1][2] and (merged[-1][3] or not low_open)):
+            last = merged[-1]
+            if high > last[2] or high == last[2] and high_closed:
+                last[2], last[3] = high, high_closed
+        else:
+            merged.append([low, low_open, high, high_closed])
+    return [tuple(m) for m in merged]
+
+
+def _union_verdict(a: str, t: str) -> bool | None:
+    """Intervals and unions of intervals as sets of reals: (1,3] \\cup (3,5) is (1,5); [1,2] is not [1,2)."""
+    if "\\cup" not in a + t and (a[:1] + a[-1:] == t[:1] + t[-1:] or "[" not in a + t and "]" not in a + t):
+        return None  # one interval with the same brackets (or a point): the rules above decide it
+    if not (a[:1] in "([" and t[:1] in "([" and a[-1:] in ")]" and t[-1:] in ")]"):
+        return None
+    ra, rt = _reals(a), _reals(t)
+    if ra is None or rt is None:
+        return None
+    return ra == rt
+
+
+def _log_verdict(a: str, t: str) -> bool | None:
+    """\\log_2 17 against \\log_{2} 16: one base, so the arguments decide."""
+    ma, mt = _LOG_RE.fullmatch(a), _LOG_RE.fullmatch(t)
+    if ma is None or mt is None:
+        return None
+    base_a, base_t = _real(ma.group(1) or ma.group(2)), _real(mt.group(1) or mt.group(2))
+    arg_a = _real(next(g for g in ma.groups()[2:] if g))
+    arg_t = _real(next(g for g in mt.groups()[2:] if g))
+    if None in (base_a, base_t, arg_a, arg_t) or base_a != base_t or base_a <= 0 or base_a == 1:
+        return None
+    if arg_a <= 0 or arg_t <= 0:
+        return None
+    return arg_a == arg_t
+
+
 def _verdict_one(a: str, t: str) -> bool | None:
     """True/False when the answer and one truth are decided without sympy, None when sympy must."""
     if a == t:
@@ -1203,6 +1491,9 @@ def _verdict_one(a: str, t: str) -> bool | None:
         return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
     if t_set is not None and a_set is None and "=" not in a:
         return _verdict_one(a, t_set.group(2))
+    kinds = {_collection(a), _collection(t)}
+    if kinds == {"pair", "set"}:  # (3,-3) for \\pm3, 3 or -3 for (3,-3): a set is not a pair, either way
+        return False
     for rule in (_word_verdict, _set_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -1210,6 +1501,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
     a_unit, t_unit = _UNIT_WORD_RE.search(a), _UNIT_WORD_RE.search(t)
     if a_unit and t_unit and _unit_name(a_unit.group()) != _unit_name(t_unit.group()):
         return False  # 5 m is not 5 cm (math_verify 0.9.0 drops both units and would say it is)
+    for rule in (_choice_verdict, _matrix_verdict, _log_verdict, _union_verdict):
+        verdict = rule(a, t)
+        if verdict is not None:
+            return verdict
     for rule in (_base_verdict, _chain_verdict, _tuple_verdict):
         verdict = rule(a, t)
         if verdict is not None:
@@ -1223,8 +1518,9 @@ def _verdict_one(a: str, t: str) -> bool | None:
         # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
         return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
-    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True:
-        return None  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
+    both_percent = ap != au and tp != tu and (a, t) == (aw, tw) and (au, tu) == (aw, tw)
+    if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True and not both_percent:
+        return None  # (35\% against 34\%: the same sign both sides, the numbers decide)  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
     return verdict
 
 
@@ -1999,9 +2295,10 @@ def shutdown() -> None:
 
 
 def _verify(
-    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None
-) -> tuple[bool, bool]:
-    """(correct, timed_out) through the cache, the cheap verdicts and the worker pool."""
+    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None, caller_only: bool = False
+) -> tuple[bool, bool] | None:
+    """(correct, timed_out) through the cache, the cheap verdicts and the worker pool; with caller_only, None
+    where the answer needs the pool."""
     key = (answer.text, answer.boxed, truths, answer.others)
     with _CACHE_LOCK:
         if key in _CACHE:
@@ -2015,6 +2312,8 @@ def _verify(
         sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
         if not sane:
             return False, False
+        if caller_only:
+            return None
         pool = _get_pool(workers)
         request = {
             "answer": _for_sympy(answer.text),
@@ -2065,6 +2364,8 @@ def _truths(ground_truth: Any) -> tuple[str, ...]:
             continue
         spans = _boxed_spans(text) if "\\boxed" in text or "\\fbox" in text else []
         text = _canonical(_strip_math(text[spans[-1][0] : spans[-1][1]] if spans else text))
+        solutions = _solutions(text) if " or " in text or " and " in text else None
+        text = solutions[0] if solutions is not None else text  # 3 or -3: the set, as in an answer
         if text:
             out.append(text)
     return tuple(out)
@@ -2090,6 +2391,8 @@ def _prepare(solution_str: Any, ground_truth: Any) -> _Prepared:
         return _Prepared(None, truths)
     answer = extract_answer(response)
     if answer.text is None or answer.ambiguous:
+        return _Prepared(None, truths)
+    if not _several_allowed(truths) and _hedged(answer.scope):  # 4 but maybe 5, at least 5: see _hedged
         return _Prepared(None, truths)
     return _Prepared(answer, truths, format_milli(response), cot_milli(response))
 
@@ -2179,21 +2482,29 @@ def compute_score_batch(
         except Exception:  # noqa: BLE001
             preps.append(None)
 
-    def score(i: int) -> None:
+    def score(i: int, caller_only: bool = False) -> bool:
+        """Score answer i; False (nothing done) where caller_only and it needs the pool."""
         prep = preps[i]
         if prep is None or prep.answer is None:
-            return
+            return True
         try:
-            results[i] = _finish(prep, *_verify(prep.answer, prep.truths, timeout, workers))
+            verdict = _verify(prep.answer, prep.truths, timeout, workers, caller_only)
+            if verdict is None:
+                return False
+            results[i] = _finish(prep, *verdict)
         except MathVerifyUnavailable:
             raise
         except Exception:  # noqa: BLE001
             results[i] = _zero()
+        return True
 
-    # more callers than running places, so that ordinary answers pass a slow one instead of queueing
-    threads = BATCH_THREADS_PER_WORKER * (workers or _default_workers())
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
-        list(executor.map(score, range(len(responses))))
+    # what the cache and the cheap checks decide is decided here, in this thread: no thread pool for it
+    pending = [i for i in range(len(responses)) if not score(i, caller_only=True)]
+    if pending:
+        # more callers than running places, so that ordinary answers pass a slow one instead of queueing
+        threads = min(len(pending), BATCH_THREADS_PER_WORKER * (workers or _default_workers()))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:
+            list(executor.map(score, pending))
     return results
 
 
@@ -2238,25 +2549,41 @@ def _completion_text(completion: Any) -> Any:
     return "".join(parts)
 
 
+def _usable_truth(value: Any) -> bool:
+    """A ground truth that states an answer: a value, or a solution with a \\boxed{} (not prose without one)."""
+    truths = _truths(value)
+    if not truths:
+        return False
+    text = _as_text(value) or ""
+    boxed = "\\boxed" in text or "\\fbox" in text
+    return boxed or all(len(t) <= MAX_ANSWER_CHARS and len(_PROSE_RE.findall(t)) <= 4 for t in truths)
+
+
 def trl_reward(completions: list, **kwargs: Any) -> list[float]:
     """TRL's ``GRPOTrainer`` reward function: one float per completion (plain or conversational).
 
     TRL passes the dataset's other columns as keyword arguments; the truth is read from the first of
-    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``.
+    ``ground_truth``, ``solution`` (a MATH solution's last ``\\boxed{}``), ``answer`` or verl's ``reward_model``
+    whose every row holds an answer (a solution without a box is skipped); with none, a ValueError naming the
+    columns seen.
     ``timeout`` and ``num_workers`` may be bound with ``functools.partial``.
     """
-    column = next((name for name in TRL_TRUTH_COLUMNS if name in kwargs), None)
-    if column is not None:
-        truths = list(kwargs[column])
-    elif "reward_model" in kwargs:
-        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]]
-    else:
+    candidates = {name: list(kwargs[name]) for name in TRL_TRUTH_COLUMNS if name in kwargs}
+    if "reward_model" in kwargs:
+        candidates["reward_model"] = [
+            rm.get("ground_truth") if isinstance(rm, dict) else None for rm in kwargs["reward_model"]
+        ]
+    # the first column whose every row holds an answer: a MATH solution without a \boxed{} is prose, not one
+    column = next((name for name, values in candidates.items() if all(map(_usable_truth, values))), None)
+    if column is None:
         # a callable is one of TRL's hooks (log_extra, log_metric, any later one), never a column's values
         columns = sorted(k for k, v in kwargs.items() if k not in TRL_NOT_COLUMNS and not callable(v))
+        unusable = f" ({', '.join(candidates)}: not every row holds an answer)" if candidates else ""
         raise ValueError(
             "trl_reward needs the ground truth in a dataset column named "
-            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model; the dataset's columns are {columns}"
+            f"{', '.join(TRL_TRUTH_COLUMNS)} or reward_model{unusable}; the dataset's columns are {columns}"
         )
+    truths = candidates[column]
     if len(truths) != len(completions):
         raise ValueError(f"trl_reward got {len(completions)} completions and {len(truths)} ground truths")
     sources = kwargs.get("data_source") or [None] * len(completions)
@@ -2270,7 +2597,8 @@ def trl_reward(completions: list, **kwargs: Any) -> list[float]:
 # ---------------------------------------------------------------- command line
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line."""
     if path == "-" and sys.stdin is None:
         raise ValueError("standard input is closed; pass a file name or pipe the JSONL in")
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
@@ -2287,17 +2615,30 @@ def _read_jsonl(path: str) -> list[dict]:
                     raise ValueError(f"{path}:{n}: not JSON ({exc.msg}); fix or drop that line") from exc
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}:{n}: expected a JSON object per line")
-                rows.append(row)
+                rows.append((n, row))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}:{n + 1}: not UTF-8 text ({exc.reason})") from exc
     return rows
 
 
-def _row_fields(row: dict) -> tuple[Any, Any]:
-    response = next((row[k] for k in ("response", "solution_str", "output", "completion") if k in row), None)
+CLI_RESPONSE_KEYS = ("response", "solution_str", "output", "completion")
+CLI_TRUTH_KEYS = ("ground_truth", "answer", "reward_model.ground_truth")
+
+
+def _row_fields(row: dict, where: str = "") -> tuple[Any, Any]:
+    """(response, truth) of one JSONL object; a missing key is an error naming the keys read, never a silent 0."""
+    response = next((row[k] for k in CLI_RESPONSE_KEYS if k in row), None)
     truth = row.get("ground_truth", row.get("answer"))
     if truth is None and isinstance(row.get("reward_model"), dict):
         truth = row["reward_model"].get("ground_truth")
+    for name, value, keys in (
+        ("response", response, CLI_RESPONSE_KEYS),
+        ("ground truth", truth, CLI_TRUTH_KEYS),
+    ):
+        if value is None:
+            raise ValueError(
+                f"{where}no {name}: the keys read are {', '.join(keys)}; this line has {sorted(row) or 'none'}"
+            )
     return response, truth
 
 
@@ -2316,8 +2657,9 @@ def _score_file(argv: list[str]) -> int:
     score = sub.add_parser(
         "score",
         help="score a JSONL file",
-        description="Score each line of a JSONL file with keys response (or solution_str) and ground_truth "
-        "(or answer, or reward_model.ground_truth); print one line per item and a summary (with --json, "
+        description=f"Score each line of a JSONL file: the response under one of {', '.join(CLI_RESPONSE_KEYS)}, "
+        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either is an error); "
+        "print one line per item and a summary (with --json, "
         'one JSON object per item and a last {"summary": ...} object).',
     )
     score.add_argument("file", help="JSONL file, or - for stdin")
@@ -2333,8 +2675,9 @@ def _score_file(argv: list[str]) -> int:
         args.workers is not None and args.workers < 1
     ):
         parser.error("--timeout must be a number > 0 and --workers >= 1")
-    rows = _read_jsonl(args.file)
-    fields = [_row_fields(row) for row in rows]
+    lines = _read_jsonl(args.file)
+    rows = [row for _, row in lines]
+    fields = [_row_fields(row, f"{args.file}:{n}: ") for n, row in lines]
     start = time.monotonic()
     results = compute_score_batch(
         [r.get("data_source") for r in rows],

@@ -357,3 +357,172 @@ def generated_pairs(n: int, seed: int) -> list[tuple[str, str, str]]:
         shape = ("quadratic", "cube", "square root", "pi", "rational function", "denominator", "point")[kind]
         out.append((shape, rng.choice(answers), truth))
     return out
+
+
+# ---------------------------------------------------------------- a policy's answers (issue 47)
+#
+# Answers shaped like a GRPO policy's on MATH, for the benchmark: prompts of MATH's answer kinds (integers,
+# fractions, roots, pi, polynomials, points, intervals and unions, solution sets, matrices and vectors, multiple
+# choice, percents, units, logarithms, words), 8 samples per prompt, about 60 % right (other spellings of the
+# truth) and the rest near misses, written as a policy writes them: mostly \boxed{} in the <answer> block, else
+# bare in the block, untagged with a final \boxed{}, with text after </answer>, or with an earlier \boxed{} in
+# the reasoning.  tests/qwen2_5/reward_policy_workload.jsonl is policy_answers(512, 47), kept as test data.
+
+
+def _policy_problem(rng) -> tuple[str, str, list[str], list[str]]:
+    """(kind, truth, right spellings, near misses) of one MATH-like prompt with fresh numbers."""
+    a, b = rng.randint(2, 40), rng.randint(2, 40)
+    b += b == a
+    k, m = rng.randint(2, 9), rng.choice([2, 3, 5, 6, 7, 10, 11, 13])
+    kind = rng.choice(
+        ["integer"] * 6
+        + ["fraction"] * 4
+        + ["root", "pi", "polynomial", "point", "interval", "union", "set", "matrix", "choice"]
+        + ["percent", "unit", "log", "word", "decimal"]
+    )
+    if kind == "integer":
+        n = a * b
+        return kind, str(n), [str(n), f"{n}.", f"${n}$"], [str(n + 1), str(n - 1), str(a + b)]
+    if kind == "fraction":
+        return (
+            kind,
+            f"\\frac{{{a}}}{{{a + b}}}",
+            [
+                f"\\frac{{{a}}}{{{a + b}}}",
+                f"\\dfrac{{{a}}}{{{a + b}}}",
+                f"{a}/{a + b}",
+                f"\\frac{{{2 * a}}}{{{2 * (a + b)}}}",
+            ],
+            [f"\\frac{{{a + b}}}{{{a}}}", f"\\frac{{{a + 1}}}{{{a + b}}}", f"\\frac{{{b}}}{{{a + b}}}"],
+        )
+    if kind == "decimal":
+        return kind, f"{a}.5", [f"{a}.5", f"\\frac{{{2 * a + 1}}}{{2}}", f"{a}.50"], [f"{a}.4", f"{a + 1}.5"]
+    if kind == "root":
+        return (
+            kind,
+            f"{k}\\sqrt{{{m}}}",
+            [f"{k}\\sqrt{{{m}}}", f"\\sqrt{{{k * k * m}}}", f"{k} \\sqrt{{ {m} }}"],
+            [f"{k + 1}\\sqrt{{{m}}}", f"{k}\\sqrt{{{m + 1}}}", f"\\sqrt{{{k * m}}}"],
+        )
+    if kind == "pi":
+        return (
+            kind,
+            f"\\frac{{{a}\\pi}}{{{b}}}",
+            [f"\\frac{{{a}}}{{{b}}}\\pi", f"{a}\\pi/{b}", f"\\frac{{{a}\\pi}}{{{b}}}"],
+            [f"\\frac{{{b}\\pi}}{{{a}}}", f"\\frac{{{a}}}{{{b}}}"],
+        )
+    if kind == "polynomial":
+        return (
+            kind,
+            f"x^2+{a + b}x+{a * b}",
+            [f"(x+{a})(x+{b})", f"x^2+{a + b}x+{a * b}"],
+            [f"(x+{a})(x+{b + 1})", f"(x-{a})(x-{b})"],
+        )
+    if kind == "point":
+        return (
+            kind,
+            f"({a},-{b})",
+            [f"({a}, -{b})", f"\\left({a},-{b}\\right)"],
+            [f"(-{b},{a})", f"({a},{b})"],
+        )
+    if kind == "interval":
+        return (
+            kind,
+            f"[{a},{a + b})",
+            [f"[{a}, {a + b})", f"\\left[{a},{a + b}\\right)"],
+            [f"({a},{a + b})", f"[{a},{a + b}]", f"[{a},{a + b + 1})"],
+        )
+    if kind == "union":
+        return (
+            kind,
+            f"(-\\infty,{a})\\cup({a + b},\\infty)",
+            [f"(-\\infty, {a}) \\cup ({a + b}, \\infty)"],
+            [f"(-\\infty,{a}]\\cup[{a + b},\\infty)", f"({a},{a + b})"],
+        )
+    if kind == "set":
+        return (
+            kind,
+            f"{a}, -{b}",
+            [f"-{b}, {a}", f"{a},-{b}", f"x={a} \\text{{ or }} x=-{b}"],
+            [f"{a}, {b}", f"{a}"],
+        )
+    if kind == "matrix":
+        return (
+            kind,
+            f"\\begin{{pmatrix}} {a} \\\\ -{b} \\end{{pmatrix}}",
+            [
+                f"\\begin{{pmatrix}}{a}\\\\-{b}\\end{{pmatrix}}",
+                f"\\begin{{bmatrix}} {a} \\\\ -{b} \\end{{bmatrix}}",
+            ],
+            [
+                f"\\begin{{pmatrix}} {a} \\\\ {b} \\end{{pmatrix}}",
+                f"\\begin{{pmatrix}} -{b} \\\\ {a} \\end{{pmatrix}}",
+            ],
+        )
+    if kind == "choice":
+        letter = "ABCDE"[a % 5]
+        other = "ABCDE"[(a + 1) % 5]
+        return (
+            kind,
+            f"\\text{{({letter})}}",
+            [f"\\text{{({letter})}}", f"({letter})"],
+            [f"\\text{{({other})}}", f"({other})"],
+        )
+    if kind == "percent":
+        return kind, f"{a}\\%", [f"{a}\\%", f"{a}"], [f"{a + 1}\\%", f"{b}\\%"]
+    if kind == "unit":
+        return kind, f"{a}\\text{{ cm}}", [f"{a}\\text{{ cm}}", f"{a}"], [f"{a + 1}\\text{{ cm}}", f"{b}"]
+    if kind == "log":
+        return (
+            kind,
+            f"\\log_{{2}} {a}",
+            [f"\\log_2 {a}", f"\\log_{{2}}{{{a}}}"],
+            [f"\\log_3 {a}", f"\\log_2 {a + 1}"],
+        )
+    day, other_day = rng.sample(["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"], 2)
+    return kind, f"\\text{{{day}}}", [f"\\text{{{day}}}", day], [f"\\text{{{other_day}}}", other_day]
+
+
+_PROSE = [
+    "We solve the equation",
+    "Substitute the value",
+    "Therefore we simplify",
+    "Check the result",
+    "Compute",
+]
+
+
+def _policy_response(rng, answer: str, earlier: str) -> str:
+    """One response around answer in a shape a policy writes (the shares in the comment above)."""
+    steps = "".join(
+        f"Step {i}: {rng.choice(_PROSE)} and {'compute ' * rng.randint(3, 30)}.\n"
+        for i in range(1, rng.randint(2, 6))
+    )
+    bare = answer[1:-1] if answer.startswith("$") and answer.endswith("$") else answer
+    boxed = f"\\boxed{{{bare}}}"
+    shape = rng.random()
+    if shape < 0.71:  # boxed in the block
+        return f"<think>\n{steps}</think>\n<answer>\n{rng.choice(['The answer is ', '', 'So '])}{boxed}.\n</answer>"
+    if shape < 0.81:  # bare in the block
+        return f"<think>\n{steps}</think>\n<answer>\n{rng.choice(['', 'The answer is '])}${bare}$\n</answer>"
+    if shape < 0.89:  # untagged, a final box
+        return f"{steps}So the final answer is {boxed}."
+    if shape < 0.95:  # text after the block
+        return f"<think>\n{steps}</think>\n<answer>\n{boxed}\n</answer>\nI hope this helps!"
+    # an earlier box in the reasoning, taken back before the final one
+    return f"<think>\n{steps}First I got \\boxed{{{earlier}}}.\nWait, let me recheck.\n</think>\n<answer>\n{boxed}\n</answer>"
+
+
+def policy_answers(n: int, seed: int) -> list[tuple[str, str, bool]]:
+    """n (response, truth, right) items, 8 samples per prompt, about 60 % right."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[str, str, bool]] = []
+    while len(out) < n:
+        _kind, truth, right, wrong = _policy_problem(rng)
+        for _ in range(8):
+            correct = rng.random() < 0.6
+            answer = rng.choice(right if correct else wrong)
+            out.append((_policy_response(rng, answer, rng.choice(wrong)), truth, correct))
+    return out[:n]
