@@ -18,6 +18,7 @@ from ascend_rl.preflight import (
     PreflightError,
     check_cpu_runtime,
     check_data,
+    check_group,
     check_layout,
     check_logger,
     check_lora,
@@ -172,6 +173,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         )
     checks += [
         layout,
+        check_group(cfg),
         check_lora(cfg),
         check_rollout_budget(cfg, tree.view),
         check_reward(cfg, tree.view),
