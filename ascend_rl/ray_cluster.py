@@ -219,11 +219,16 @@ def ray_alive_counter(address: str) -> Callable[[], int]:
     return lambda: len(settled(ray.nodes()))
 
 
-def node_plan(nodes: int, head_ip: str, ray_start: str, job: list[str], timeout: int, port: int) -> list[str]:
-    """One line per node: ray start on the head and each worker, then the job on the head."""
-    lines = [f"node 0 (head):  bash {ray_start} --head --nodes {nodes} --timeout {timeout}"]
-    lines += [f"node {i} (worker): bash {ray_start} --worker {head_ip}:{port}" for i in range(1, nodes)]
-    lines.append(f"node 0 (head), after all {nodes} nodes joined:  {shlex.join(job)}")
+def node_plan(
+    nodes: int, head_ip: str, ray_start: str, job: list[str], timeout: int, port: int, env: list[str] = ()
+) -> list[str]:
+    """One line per node: ray start on the head and each worker, then the job on the head. env (NAME=VALUE: the
+    base, the Python, the socket interface, ...) goes before each command, so a line copied onto its node starts
+    the same run the dry run checked."""
+    pre = shlex.join(["env", *env]) + " " if env else ""
+    lines = [f"node 0 (head):  {pre}bash {ray_start} --head --nodes {nodes} --timeout {timeout}"]
+    lines += [f"node {i} (worker): {pre}bash {ray_start} --worker {head_ip}:{port}" for i in range(1, nodes)]
+    lines.append(f"node 0 (head), after all {nodes} nodes joined:  {pre}{shlex.join(job)}")
     return lines
 
 

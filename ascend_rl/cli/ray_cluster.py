@@ -200,6 +200,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     plan.add_argument("--port", type=int, default=DEFAULT_PORT)
     plan.add_argument("--timeout", type=int, default=1800)
     plan.add_argument("--ray-start", default="llm_rl/deepseek_r1/ray_start.sh")
+    plan.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting every node's command carries (repeatable): the base, PYTHON, SOCKET_IFNAME, ...",
+    )
     plan.add_argument("job", nargs="+", help="the job command run on the head (after --)")
     return parser.parse_args(argv)
 
@@ -362,9 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "shared":
             return _shared(args)
         if args.local:
-            print(f"this machine (no ray_start.sh: the job starts its own Ray):  {shlex.join(args.job)}")
+            job = shlex.join(["env", *args.env, *args.job] if args.env else args.job)
+            print(f"this machine (no ray_start.sh: the job starts its own Ray):  {job}")
             return 0
-        for line in node_plan(args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port):
+        for line in node_plan(
+            args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port, args.env
+        ):
             print(line)
         return 0
     except ClusterError as exc:

@@ -56,4 +56,6 @@ recipes_find_python "$(basename "$0")" || exit 1
   exit 1
 }
 
+# a dry run says what this node's Ray workers would run (the launcher's node wait compares it with the job's)
+case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON with verl $VERL_BASE from $VERL_DIR" >&2 ;; esac
 PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"

@@ -26,6 +26,13 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# What the user set in the environment that decides what runs (read before this script sets any of them): the dry
+# run's node-by-node commands carry each, so a line copied onto its node runs what this dry run checked.
+NODE_ENV=()
+for name in SOCKET_IFNAME VERL_DIR MODEL_DIR MCORE_DIR DATA_DIR LOG_DIR CKPT_DIR RUN_NAME LOGGER \
+  RAY_PENDING_TIMEOUT RAY_WAIT_TIMEOUT RAY_WATCH; do
+  [ -z "${!name+x}" ] || NODE_ENV+=("$name=${!name}")
+done
 VERL_BASE="${VERL_BASE:-}"
 
 VARIANT=real
@@ -57,6 +64,9 @@ source "$RECIPE_DIR/env.sh"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+# its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
+PYTHON_PATH="$(command -v "$PYTHON")"
+case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
@@ -223,18 +233,25 @@ cd "$REPO_DIR"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   NODES_FD=1
   [ "${#JSON[@]}" -eq 0 ] || NODES_FD=2  # stdout holds the JSON plan alone
-  PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT")
+  PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT" --base "$VERL_BASE")
   if [ "$PROFILE" = cpu ] && [ "$NNODES" = 1 ]; then
-    PLAN=(--local); JOB=(--cpu)  # one machine: main_ppo starts its own Ray
+    PLAN=(--local); JOB=(--cpu --base "$VERL_BASE")  # one machine: main_ppo starts its own Ray
   elif [ "$PROFILE" = cpu ]; then
     # CPU nodes: ray_start.sh --cpu on each, then this launcher with the node count on the head
-    PLAN+=(--ray-start "llm_rl/deepseek_r1/ray_start.sh --cpu"); JOB=(--cpu)
+    PLAN+=(--ray-start "llm_rl/deepseek_r1/ray_start.sh --cpu"); JOB=(--cpu --base "$VERL_BASE")
   fi
+  # Every line carries what decides the run: the base (ray_start.sh puts verl-<base> on its workers' path), the
+  # Python this dry run checked with (ray_start.sh starts that Python's Ray), the node count and ranks per node,
+  # and what the user set (NODE_ENV: the socket interface, the folders, ...).
+  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$PYTHON_PATH")
+  [ "$NNODES" = 1 ] || PLAN_ENV+=("NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
+  PLAN_ENV+=("${NODE_ENV[@]}")
   {
     [ "$PROFILE" = cpu ] || echo "node-by-node:"
-    JOB_ENV=()
-    [ "$PROFILE" != cpu ] || [ "$NNODES" = 1 ] || JOB_ENV=(env "NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
-    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" -- "${JOB_ENV[@]}" bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
+    [ "$NNODES" = 1 ] || [ -n "${SOCKET_IFNAME:-}" ] \
+      || echo "(SOCKET_IFNAME unset: each node takes its default route's interface; set it to name the cluster's)"
+    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" "${PLAN_ENV[@]/#/--env=}" \
+      -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
   } >&"$NODES_FD"
   exit 0
 fi

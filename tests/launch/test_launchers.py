@@ -65,7 +65,7 @@ def test_deepseek_dry_run_composes_megatron_config_and_prints_nodes(tmp_path, ve
     nodes = [line for line in report.splitlines() if line.startswith("node ")]
     assert len(nodes) == 17  # 16 ray starts, then the job on the head
     assert "--head --nodes 16" in nodes[0] and all("--worker" in n for n in nodes[1:16])
-    assert f"--variant {variant} trainer.total_epochs=2" in nodes[16]
+    assert f"--variant {variant} --base 0.6.0 trainer.total_epochs=2" in nodes[16]
 
 
 def test_json_plan_resolves_last_one_wins_and_agrees_with_the_printed_command(tmp_path, verl_tree):

@@ -329,7 +329,7 @@ def test_the_deepseek_cpu_plan_shows_the_cpu_command(tmp_path, verl_tree):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray_start.sh --head" not in proc.stdout and "--worker" not in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.endswith("bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --cpu"), last
+    assert last.endswith("bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --cpu --base 0.6.0"), last
 
 
 def test_errors_follow_the_report_when_both_go_to_one_file(tmp_path, verl_tree):
