@@ -170,7 +170,7 @@ def grpo_step(t: Trainer, step: int) -> dict:
 
     if not hasattr(RayPPOTrainer, "_compute_old_log_prob"):
         raise DemoError(
-            "verl's RayPPOTrainer lacks _compute_old_log_prob: apply patch shared-0101 (ascend_rl/overlay.py apply qwen2_5)"
+            "verl's RayPPOTrainer lacks _compute_old_log_prob: apply patch shared-0101 (python3 -m ascend_rl overlay apply qwen2_5)"
         )
     cfg = t.config
     arr = cfg.actor_rollout_ref
