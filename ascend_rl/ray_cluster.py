@@ -129,6 +129,76 @@ def ray_executable(python: str | None = None) -> str:
     )
 
 
+# What `ray start` prints that a node's user must not act on or need not see: on a node offering `NPU` without
+# Ascend's `acl` module (every CPU node) Ray's npu.py logs "Failed to detect NPU type." with the ImportError's
+# traceback and then starts normally; and its closing advice to run `ray stop`, which ends every Ray instance on the
+# machine (other jobs' and other users' too), never only this node's.
+NPU_NOISE_START = "Failed to detect NPU type."
+NPU_NOISE_END = "ModuleNotFoundError: No module named 'acl'"
+RAY_STOP_ADVICE = "To terminate the Ray runtime, run"
+STOP_ADVICE = (
+    "  To end this node's Ray: end its processes by pid, or the node's container (not `ray stop`: it ends every "
+    "Ray instance on the machine, other jobs' too)"
+)
+
+
+class RayStartOutput:
+    """A filter over `ray start`'s lines, written on to `out`: Ray's NPU-detection traceback on a node without
+    `acl` is dropped (a block ending otherwise is passed on whole), its `ray stop` advice replaced."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.held: list[str] = []
+        self.after_advice = False
+
+    def feed(self, line: str) -> None:
+        if self.held:
+            self.held.append(line)
+            if line.startswith(NPU_NOISE_END):
+                self.held = []
+            elif len(self.held) > 80:
+                self.close()
+            return
+        if line.rstrip().endswith(NPU_NOISE_START):
+            self.held = [line]
+            return
+        if self.after_advice:
+            self.after_advice = False
+            if line.strip() == "ray stop":
+                return
+        if RAY_STOP_ADVICE in line:
+            self.after_advice = True
+            line = STOP_ADVICE + "\n"
+        self.out.write(line)
+        self.out.flush()
+
+    def close(self) -> None:
+        held, self.held = self.held, []
+        for line in held:
+            self.out.write(line)
+        self.out.flush()
+
+
+def run_ray_start(argv: list[str]) -> int:
+    """`ray start` with its stdout and stderr each through RayStartOutput; its exit status."""
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def pump(stream, out) -> None:
+        lines = RayStartOutput(out)
+        for line in stream:
+            lines.feed(line)
+        lines.close()
+
+    err = threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)
+    err.start()
+    pump(proc.stdout, sys.stdout)
+    err.join()
+    return proc.wait()
+
+
 def start_command(
     head: bool,
     address: str | None,

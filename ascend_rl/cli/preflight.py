@@ -181,7 +181,12 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         check_data(cfg, args.made_by),
         check_logger(cfg),
     ]
-    memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
+    if (
+        layout.status == "FAIL"
+    ):  # sizes that do not divide the devices cannot be planned (they divide by zero)
+        memory, memory_plan = Check("memory", "skipped", "not planned: the layout above does not fit"), None
+    else:
+        memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
     checks.append(memory)
     if args.cpu:
         checks.append(check_cpu_runtime())

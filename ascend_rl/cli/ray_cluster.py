@@ -8,7 +8,6 @@ import argparse
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -34,6 +33,7 @@ from ascend_rl.ray_cluster import (
     raylet_answers,
     resolve_ifname,
     run_drivers,
+    run_ray_start,
     settled,
     shared_folder_line,
     start_command,
@@ -233,10 +233,11 @@ def _start(args: argparse.Namespace) -> int:
         if args.head and args.nodes > 1:
             print(f"then wait up to {args.timeout:g}s for {args.nodes} nodes")
         return 0
-    proc = subprocess.run(argv)
-    if proc.returncode != 0:
+    returncode = run_ray_start(argv)
+    if returncode != 0:
         raise ClusterError(
-            f"ray start exited {proc.returncode}; read the lines above (`ray stop` clears a stale node)"
+            f"ray start exited {returncode}; read the lines above (a Ray node already running here from an "
+            "earlier start: end its processes by pid, not with `ray stop`, which ends every Ray on the machine)"
         )
     if args.head and args.nodes > 1:
         wait_for_nodes(ray_alive_counter(f"{node_ip}:{args.port}"), args.nodes, args.timeout)
