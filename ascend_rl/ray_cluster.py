@@ -136,6 +136,7 @@ def ray_executable(python: str | None = None) -> str:
 NPU_NOISE_START = "Failed to detect NPU type."
 NPU_NOISE_END = "ModuleNotFoundError: No module named 'acl'"
 RAY_STOP_ADVICE = "To terminate the Ray runtime, run"
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 STOP_ADVICE = (
     "  To end this node's Ray: end its processes by pid, or the node's container (not `ray stop`: it ends every "
     "Ray instance on the machine, other jobs' too)"
@@ -164,7 +165,11 @@ class RayStartOutput:
             return
         if self.after_advice:
             self.after_advice = False
-            if line.strip() == "ray stop":
+            # Ray's logger prefix (time, level, scripts.py:956 --) and its terminal colours around "ray stop"
+            if (
+                ANSI_RE.sub("", line).rstrip().endswith(("-- ray stop", " ray stop"))
+                or line.strip() == "ray stop"
+            ):
                 return
         if RAY_STOP_ADVICE in line:
             self.after_advice = True

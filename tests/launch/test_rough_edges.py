@@ -56,6 +56,18 @@ def test_ray_starts_npu_noise_and_ray_stop_advice_are_not_shown():
     assert "Traceback" not in text and "acl" not in text and "Failed to detect NPU type" not in text
     assert "\n    ray stop\n" not in text and "not `ray stop`" in text
     assert "Ray runtime started." in text and "ray status" in text
+    # as Ray 2.x's `ray start` prints it into a pipe: its logger's prefix and colours
+    out = io.StringIO()
+    lines = ray_cluster.RayStartOutput(out)
+    for line in [
+        "2026-12-06 04:45:48,585\tINFO scripts.py:955 -- To terminate the Ray runtime, run\n",
+        "2026-12-06 04:45:48,586\tINFO scripts.py:956 -- \x1b[1m  ray stop\x1b[22m\n",
+        "2026-12-06 04:45:48,586\tINFO scripts.py:959 -- To view the status of the cluster, use\n",
+    ]:
+        lines.feed(line)
+    lines.close()
+    assert "ray stop\x1b" not in out.getvalue() and "not `ray stop`" in out.getvalue()
+    assert "To view the status" in out.getvalue()
     # a block after the NPU line that is another error is passed on whole
     out = io.StringIO()
     lines = ray_cluster.RayStartOutput(out)
