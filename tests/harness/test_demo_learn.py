@@ -177,9 +177,19 @@ def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
     counts = demo_learn.rollout_counts(rollouts)
     assert counts == {1: {"answers": 2, "scored": 2}, 2: {"answers": 2, "scored": 1}}
     args = demo_learn.parse_args(["--prompts", "1", "--n", "2", "--out", str(tmp_path)])
-    report = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.5}}
+    # before and after differ in every figure, so a summary that reads one evaluation for both fails here
+    before = {"overall": {"problems": 64, "mean@1": 0.125}, "reward": {"score": 0.25}}
+    after = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.625}}
     rows = [{"critic/score/mean": 0.25}, {"critic/score/mean": 0.75}]
-    summary = demo_learn.summarise(args, rows, report, report, counts, {"setup": 9.0, "train": 3.0}, 1.5)
+    timings = {"setup": 9.0, "eval_before": 2.0, "train": 3.0, "eval_after": 6.0}
+    summary = demo_learn.summarise(args, rows, before, after, counts, timings, 1.5)
     assert summary["every_answer_scored"] is False
     assert (summary["train_reward_first_quarter"], summary["train_reward_last_quarter"]) == (0.25, 0.75)
-    assert summary["wall_s"] == 3.0 and summary["peak_rss_mib"] == 1536
+    assert (summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]) == (0.125, 0.5)
+    assert (summary["heldout_reward_before"], summary["heldout_reward_after"]) == (0.25, 0.625)
+    assert summary["wall_s"] == 11.0 and summary["all_in_s"] == 20.0 and summary["peak_rss_mib"] == 1536
+    assert summary["share"] == {"setup": 0.45, "eval_before": 0.1, "train": 0.15, "eval_after": 0.3}
+    assert demo_learn.time_line(summary) == (
+        "all-in time 20 s: set-up (inputs, warm start) 9 s (45 %), held-out before 2 s (10 %), GRPO 3 s (15 %), "
+        "held-out after 6 s (30 %); wall time 11 s without the set-up"
+    )
