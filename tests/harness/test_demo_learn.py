@@ -193,3 +193,46 @@ def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
         "all-in time 20 s: set-up (inputs, warm start) 9 s (45 %), held-out before 2 s (10 %), GRPO 3 s (15 %), "
         "held-out after 6 s (30 %); wall time 11 s without the set-up"
     )
+
+
+def _quiet_warm_start(monkeypatch, clock):
+    """warm_start over a stand-in model and loss (no tokenizer, no tiny Qwen2), on a fake clock."""
+    import torch
+
+    rows = torch.zeros(4, 3, dtype=torch.long)
+    monkeypatch.setattr(
+        warm_start, "_encode", lambda problems, tokenizer: (rows, torch.ones_like(rows), rows)
+    )
+    monkeypatch.setattr(
+        warm_start, "_response_loss", lambda model, ids, attention, labels: (model.weight**2).sum()
+    )
+    monkeypatch.setattr(warm_start.time, "monotonic", clock)
+    lines: list[str] = []
+    warm_start.warm_start(torch.nn.Linear(2, 1), None, [], steps=100, seed=0, batch_size=2, log=lines.append)
+    return lines
+
+
+def test_warm_start_says_how_far_it_is_as_it_goes(monkeypatch):
+    # quick steps: a line every 20th of the steps, with the time spent and left (the old every-5th left 5 minutes silent)
+    lines = _quiet_warm_start(monkeypatch, lambda: 0.0)
+    assert len(lines) == 20 and lines[0].startswith("warm start step 5/100: response cross-entropy ")
+    assert lines[-1].startswith("warm start step 100/100: ") and lines[-1].endswith(
+        "(0 s so far, about 0 s to go)"
+    )
+    # slow steps (10 s each): a line at least every 15 s whatever the step count
+    ticks = iter(range(0, 100_000, 10))
+    lines = _quiet_warm_start(monkeypatch, lambda: float(next(ticks)))
+    assert lines[0].startswith("warm start step 2/100: ") and lines[0].endswith(
+        "(20 s so far, about 980 s to go)"
+    )
+    assert len(lines) == 60  # every second step (20 s), and the 5th, 15th, ... (the 20th-of-the-steps lines)
+
+
+def test_a_step_is_shown_from_the_console_line_verl_prints_as_it_ends():
+    from ascend_rl.harness.launch import console_step, step_line
+
+    line = "(TaskRunner pid=12) step:3 - actor/pg_loss:-0.012 - critic/score/mean:np.float64(0.25) - timing_s/step:12.5"
+    row = console_step(line)
+    assert row == {"step": 3, "actor/pg_loss": -0.012, "critic/score/mean": 0.25, "timing_s/step": 12.5}
+    assert step_line(row) == "step 3: reward=0.25, pg_loss=-0.012, step_s=12.5"
+    assert console_step("(TaskRunner pid=12) Training Progress: 25%|##  | 3/12") is None
