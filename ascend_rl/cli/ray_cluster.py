@@ -16,10 +16,13 @@ from ascend_rl import ray_cluster as _library
 from ascend_rl.ray_cluster import (
     CPU_OBJECT_STORE_BYTES,
     DEFAULT_PORT,
+    ENV_FACTS,
     IFNAME_VARS,
     ClusterError,
     check_resources,
     end_driver,
+    environment_facts,
+    environment_line,
     group_job,
     ifname_ipv4,
     look_for_marker,
@@ -124,6 +127,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     wait = sub.add_parser("wait", help="wait until the Ray cluster has N alive nodes")
     wait.add_argument("--nodes", type=_nodes, required=True)
+    wait.add_argument(
+        "--same-env",
+        metavar="VERL_DIR",
+        help="once the nodes joined, every alive node's Ray workers must run this Python (interpreter, vLLM, "
+        "torch) and a verl of VERL_DIR's version, the tree the job's driver runs; else one line naming the node "
+        "and the difference, exit 1",
+    )
     wait.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     wait.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
     wait.add_argument(
@@ -353,6 +363,46 @@ def _shared(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_env(args: argparse.Namespace, nodes: list[dict]) -> None:
+    """Every alive node's workers run this driver's environment (environment_facts), asked by a Ray task pinned
+    to each node; ClusterError with one line otherwise."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    driver = environment_facts(args.same_env)
+    facts = ray.remote(num_cpus=0)(environment_facts)
+    refs = {
+        node_name(node): facts.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote()
+        for node in nodes
+    }
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=args.timeout)
+    answers = {}
+    for name, ref in refs.items():
+        if ref not in ready:
+            raise ClusterError(
+                f"node {name} did not say which Python environment it runs in {args.timeout:g}s"
+            )
+        try:
+            answers[name] = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise ClusterError(
+                f"node {name} could not say which Python environment it runs ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}); start its Ray with the "
+                f"job's Python (PYTHON={driver['python']} bash llm_rl/deepseek_r1/ray_start.sh ...)"
+            ) from None
+    line = environment_line(driver, answers)
+    if line:
+        raise ClusterError(line)
+    print(
+        f"ray_cluster: every node of {len(answers)} runs this driver's environment ({driver['python']}, "
+        + ", ".join(f"{key} {driver[key] or 'absent'}" for key in ENV_FACTS[1:])
+        + ")",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
@@ -364,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_nodes(lambda: len(settled(nodes())), args.nodes, args.timeout)
             if args.resource:
                 check_resources(nodes(), args.resource)
+            if args.same_env is not None:
+                _same_env(args, nodes())
             return 0
         if args.verb == "watch":
             return _watch(args)

@@ -262,8 +262,10 @@ fi
 if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
   RANK_RESOURCE=NPU
   [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
+  # ... and that every node's Ray runs this launcher's Python environment (interpreter, verl, vLLM, torch): a node
+  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl
   "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
-    --resource "$RANK_RESOURCE=$NPUS_PER_NODE"
+    --resource "$RANK_RESOURCE=$NPUS_PER_NODE" --same-env "$VERL_DIR"
 fi
 # Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse
 # now, in one line naming the nodes, unless every node sees the folder the head sees (a node-local disk would leave

@@ -242,5 +242,11 @@ def test_deepseek_npu_launch_waits_for_every_node_to_offer_its_npus(tmp_path, ve
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     proc = _run(LAUNCHERS[2], [], env)
     assert proc.returncode == 9, proc.stdout + proc.stderr  # the wait's failure ends the launch
-    assert asked.read_text().split() == ["--nodes", "2", "--timeout", "60", "--resource", f"NPU={npus}"]
+    assert asked.read_text().split() == [
+        *("--nodes", "2", "--timeout", "60", "--resource", f"NPU={npus}"),
+        *(
+            "--same-env",
+            str(verl_tree),
+        ),  # every node's Ray on this launcher's Python and verl (issue 48, item 1)
+    ]
     assert "stub trainer started" not in proc.stdout
