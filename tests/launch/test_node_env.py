@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,8 @@ NODE_ENV = {
 
 DRIVER = {
     "host": "node1",
-    "python": "/r/.venv-e2e/bin/python",
+    "executable": "/r/.venv-e2e/bin/python3",
+    "python": "/r/.venv-e2e (Python 3.11.9)",
     "verl": "0.7.1",
     "vllm": "0.13.0",
     "torch": "2.9.1",
@@ -37,15 +39,24 @@ DRIVER = {
 
 
 def test_the_line_names_the_node_and_each_difference():
-    same = dict(DRIVER)
-    other = {**DRIVER, "host": "node2", "python": "/r/.venv/bin/python", "vllm": None, "torch": "2.13.0+cpu"}
+    # bin/python on a node, bin/python3 in the driver: one environment, no difference
+    same = {**DRIVER, "executable": "/r/.venv-e2e/bin/python"}
+    other = {
+        **DRIVER,
+        "host": "node2",
+        "python": "/r/.venv (Python 3.11.9)",
+        "vllm": None,
+        "torch": "2.13.0+cpu",
+    }
     assert ray_cluster.environment_line(DRIVER, {"10.0.0.1 (node1)": same, "10.0.0.2 (node2)": same}) is None
     line = ray_cluster.environment_line(DRIVER, {"10.0.0.1 (node1)": same, "10.0.0.2 (node2)": other})
     assert "\n" not in line
     assert line.startswith("node 10.0.0.2 (node2) runs another Python environment than this run's driver")
-    assert "python /r/.venv/bin/python, not /r/.venv-e2e/bin/python; vllm absent, not 0.13.0; " in line
+    assert (
+        "python /r/.venv (Python 3.11.9), not /r/.venv-e2e (Python 3.11.9); vllm absent, not 0.13.0; " in line
+    )
     assert "torch 2.13.0+cpu, not 2.9.1" in line and "verl" not in line.split("driver")[1].split("start")[0]
-    assert "PYTHON=/r/.venv-e2e/bin/python bash llm_rl/deepseek_r1/ray_start.sh" in line
+    assert "PYTHON=/r/.venv-e2e/bin/python3 bash llm_rl/deepseek_r1/ray_start.sh" in line
     # another base on a node is a difference too; the first node by address is named, the others counted
     older = {**DRIVER, "verl": "0.6.0"}
     line = ray_cluster.environment_line(DRIVER, {"10.0.0.10 (n10)": other, "10.0.0.9 (n9)": older})
@@ -54,7 +65,8 @@ def test_the_line_names_the_node_and_each_difference():
 
 def test_a_verl_tree_is_read_by_its_version_file(tmp_path, pristine_verl):
     facts = ray_cluster.environment_facts(str(pristine_verl))
-    assert facts["verl"] == "0.6.0" and facts["python"] == sys.executable
+    assert facts["verl"] == "0.6.0" and facts["executable"] == sys.executable
+    assert facts["python"].startswith(os.path.realpath(sys.prefix) + " (Python 3.")
     assert ray_cluster.environment_facts(str(tmp_path))["verl"] is None
 
 
@@ -108,4 +120,8 @@ def test_the_head_refuses_a_node_whose_ray_runs_another_python(tmp_path, e2e_pyt
         errors = [line for line in bad.stderr.splitlines() if line.startswith("ray_cluster: error:")]
         assert len(errors) == 1 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
         assert f"node {cl.address('node2')} (node2) runs another Python environment" in errors[0], errors[0]
-        assert f"python {dev}, not {e2e}" in errors[0] and "vllm absent, not 0.13.0" in errors[0], errors[0]
+        prefix = {py: os.path.realpath(Path(py).parent.parent) for py in (dev, e2e)}
+        assert (
+            f"python {prefix[dev]} (Python 3." in errors[0] and f"not {prefix[e2e]} (Python 3." in errors[0]
+        ), errors
+        assert "vllm absent, not 0.13.0" in errors[0], errors[0]
