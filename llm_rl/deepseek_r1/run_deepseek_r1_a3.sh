@@ -98,7 +98,7 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
 # PYTHONPATH is set just before the trainer starts.
-LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT)
+LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: a real launch sets it (below)
 TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -281,6 +281,15 @@ if [ "$NNODES" != 1 ]; then
   "$PYTHON" -m ascend_rl ray_cluster shared "$CKPT_PATH" --what trainer.default_local_dir
 fi
 
+# /dev/shm: first remove what an earlier run of these launchers left on this node when it was killed (its processes
+# recorded each name as they made it; a name goes only once its creator has ended and no process maps it), then
+# record this run's names the same way (ascend_rl/shm_record/). The harness records its runs itself.
+if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
+  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+  SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
+  export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  TRAINER_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$TRAINER_PYTHONPATH"
+fi
 export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"

@@ -356,3 +356,83 @@ def test_a_0_7_1_run_leaves_dev_shm_as_it_found_it_also_after_a_killed_one(e2e_p
     assert by_creator and not rest, f"engine queues not unlinked by their creators: {rest}; {stdout[-3000:]}"
     removed = [line for line in stdout.splitlines() if "/dev/shm entries the run left" in line]
     assert not any(name in line for line in removed for name in by_creator), removed
+
+
+SHM_RECORD_SITE = REPO / "ascend_rl" / "shm_record"
+
+
+def test_a_launch_frees_what_a_killed_earlier_launch_left_on_this_node(tmp_path):
+    """The launchers' own record (issue 48, item 6): a process of a run started by a launcher (ascend_rl/shm_record/
+    on PYTHONPATH, RECIPES_SHM_RECORD with {host}) records each name as it makes it, into this node's folder; killed
+    with its group, it leaves them; the next launch's `python3 -m ascend_rl.harness.shm clean` removes them by name,
+    says how much it freed, and deletes the record it has nothing left of."""
+    import socket
+
+    records = tmp_path / "records"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SHM_RECORD_SITE),
+        shm.ENV: str(records / "{host}" / "run_1.jsonl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    names = json.loads(proc.stdout)
+    record = records / socket.gethostname() / "run_1.jsonl"
+    bystander = shared_memory.SharedMemory(create=True, size=4096)  # in no record: never touched
+    try:
+        bystander.close()
+        assert set(shm.read_record(record)) == {names["left"], names["sem"]}
+        assert (shm.SHM / names["left"]).exists()
+        clean = subprocess.run(
+            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert clean.returncode == 0, clean.stderr
+        assert clean.stdout.startswith(
+            "shm: freed 8 KiB of /dev/shm: 2 entries an earlier run of these launchers"
+        ), clean.stdout
+        assert names["left"] in clean.stdout and names["sem"] in clean.stdout
+        assert not (shm.SHM / names["left"]).exists() and not (shm.SHM / names["sem"]).exists()
+        assert (shm.SHM / bystander.name).exists()
+        assert not record.exists()  # nothing of it left: the record goes too
+        again = subprocess.run(
+            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode == 0 and again.stdout == ""
+    finally:
+        bystander.unlink()
+        _unlink_all(names["left"], names["sem"])
+
+
+def test_the_launch_record_runs_the_sitecustomize_it_shadows(tmp_path):
+    # a folder with its own sitecustomize after ours on the path (a distribution's, the test hooks'): it still runs
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SHM_RECORD_SITE}{os.pathsep}{other}",
+        shm.ENV: str(tmp_path / "r.jsonl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "1", proc.stdout + proc.stderr
