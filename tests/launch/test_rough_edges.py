@@ -150,3 +150,27 @@ def test_down_then_down_purge_removes_the_shared_folder_it_kept():
 
             shutil.rmtree(lib.DEFAULT_ROOT / name)
     assert not Path(lib.DEFAULT_ROOT / name).exists()
+
+
+def test_a_shipped_model_config_names_a_repository_folder_by_its_path_there():
+    from ascend_rl import memory_plan
+
+    folder = REPO / "llm_rl" / "qwen2_5" / "model" / "Qwen2_5_1_5B_Instruct"
+    if (folder / "config.json").is_file():
+        import pytest
+
+        pytest.skip("the model is downloaded here: its own config.json is read")
+    _, source = memory_plan.model_config(str(folder))
+    assert "(shipped table: llm_rl/qwen2_5/model/Qwen2_5_1_5B_Instruct has no config.json)" in source, source
+
+
+def test_the_docs_quote_no_machines_folders():
+    # sample output copied from a run here carried its checkout's path (/work/main/...): a reader's differs
+    docs = [REPO / "README.md", *REPO.glob("llm_rl/*/README.md"), *REPO.glob("docs/*.md")]
+    found = [
+        f"{doc.relative_to(REPO)}:{n}"
+        for doc in docs
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+        if any(mark in line for mark in ("/work/main", "/work/wt", "/root/.cache"))
+    ]
+    assert not found, found
