@@ -236,3 +236,26 @@ def test_a_step_is_shown_from_the_console_line_verl_prints_as_it_ends():
     assert row == {"step": 3, "actor/pg_loss": -0.012, "critic/score/mean": 0.25, "timing_s/step": 12.5}
     assert step_line(row) == "step 3: reward=0.25, pg_loss=-0.012, step_s=12.5"
     assert console_step("(TaskRunner pid=12) Training Progress: 25%|##  | 3/12") is None
+
+
+def test_the_e2e_set_up_says_how_far_it_is_while_a_step_runs(tmp_path):
+    # scripts/setup_e2e.sh's step(): the torch step was minutes of silence on a first `make demo`
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "setup_e2e.sh").read_text()
+    start = script.index("step() {")
+    function = script[start : script.index("\n}\n", start) + 3]
+    venv, log = tmp_path / "venv", tmp_path / "log"
+    venv.mkdir()
+    body = f'set -euo pipefail\nvenv="{venv}"; log="{log}"\n{function}\nstep "sleeping" sleep 3\nstep "failing" sh -c "echo boom; exit 3"\n'
+    proc = subprocess.run(
+        ["bash", "-c", body],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "SETUP_HEARTBEAT_S": "1"},
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "setup-e2e: sleeping" and lines[-1] == "setup-e2e: failing", proc.stdout
+    beats = [line for line in lines if line.startswith("setup-e2e:   ... ")]
+    assert len(beats) >= 2 and f"s so far, 1 MB in {venv}" in beats[0], proc.stdout  # du -sm rounds up
+    assert proc.returncode == 1 and "boom" in proc.stderr and "setup-e2e: failed while:" in proc.stderr, (
+        proc.stderr
+    )
