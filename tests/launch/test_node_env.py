@@ -106,9 +106,9 @@ def test_the_head_refuses_a_node_whose_ray_runs_another_python(tmp_path, e2e_pyt
         assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
         ok = _wait(cl, e2e, 1, verl)
         assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
-        assert (
-            f"ray_cluster: every node of 1 runs this driver's environment ({e2e}, verl 0.6.0, " in ok.stdout
-        )
+        where = os.path.realpath(Path(e2e).parent.parent)
+        assert f"ray_cluster: every node of 1 runs this driver's environment ({where} (Python 3." in ok.stdout
+        assert ", verl 0.6.0, vllm 0.13.0" in ok.stdout, ok.stdout
     # the case: node2 started from a shell with .venv activated, the run on .venv-e2e
     with lib.Cluster(f"f{os.getpid()}", 2, root=tmp_path / "two") as cl:
         head = _start(cl, "node1", e2e, verl, "--head", "--nodes", "1")
