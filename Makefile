@@ -8,7 +8,7 @@ help:
 	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe, the 2-node join (budget 30 min fresh)"
 	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
 	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume and 2 ranks, DeepSeek (Megatron) on both bases (+ --runs deepseek-2n: 2 simulated nodes)"
-	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; ~7 GB, once per machine)"
+	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; 8.4 GB on disk, 4.3 GB of it CUDA libraries PyPI's torch brings; once per machine)"
 	@echo "make dry-run  fetch + patch verl, check the single-card launcher's overrides, print the command"
 	@echo "make setup    create .venv with the CPU tool/test environment"
 	@echo "make lint     ruff over the repository"

@@ -143,7 +143,12 @@ def model_config(path: str | None, name: str | None = None) -> tuple[dict[str, A
             "download its config.json there, or name one with --model"
         )
     cfg, source = KNOWN_MODELS[guess]
-    return cfg, f"{source} (shipped table: {path} has no config.json)"
+    # a folder inside the repository by its path there: the line reads the same on every machine (and in the README)
+    from ascend_rl.paths import REPO
+
+    shown = Path(path).absolute()
+    shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
+    return cfg, f"{source} (shipped table: {shown} has no config.json)"
 
 
 @dataclass(frozen=True)

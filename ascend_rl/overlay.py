@@ -589,7 +589,7 @@ def series_on_top(
     return (
         f"this tree carries {other.name}'s series on top of {recipe.name}'s: {len(on)} patches of its own "
         f"({shown}) sit on the patches the two share, and reverting {recipe.name} would leave them on a base "
-        f"without those; revert {other.name} instead (python -m ascend_rl overlay revert {other.cli} "
+        f"without those; revert {other.name} instead (python3 -m ascend_rl overlay revert {other.cli} "
         f"--target {root})"
     )
 
@@ -620,8 +620,8 @@ def carried_series(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> st
     _, other, applied = best
     return (
         f"this tree carries recipe {other.cli}'s series ({applied} of {len(other.series)} patches applied), "
-        f"not only {recipe.cli}'s: revert it first (overlay.py revert {other.cli} --target {root}) "
-        f"or give {recipe.cli} a tree of its own (overlay.py fetch {recipe.cli} --dest DIR)"
+        f"not only {recipe.cli}'s: revert it first (python3 -m ascend_rl overlay revert {other.cli} --target {root}) "
+        f"or give {recipe.cli} a tree of its own (python3 -m ascend_rl overlay fetch {recipe.cli} --dest DIR)"
     )
 
 

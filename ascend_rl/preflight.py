@@ -133,11 +133,10 @@ def prepare_tree(
     Any other tree is the user's: a refusal is reported, nothing is removed."""
     if not overlay or verl_dir.resolve() != overlay_tree(recipe, overlay, base).resolve():
         return _prepare_tree(recipe, verl_dir, overlay, base=base)
-    import fcntl
+    from ascend_rl import locks
 
     verl_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(verl_dir.parent / f".{verl_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locks.exclusive(verl_dir.parent / f".{verl_dir.name}.lock"):
         try:
             return _prepare_tree(recipe, verl_dir, overlay, base=base)
         except PreflightError as exc:
@@ -459,6 +458,47 @@ def check_nodes(cfg, nnodes: str) -> Check:
             f"set the node count once, as NNODES={value} before the command, and drop the trainer.nnodes override",
         )
     return Check("nodes", "ok", f"{nnodes} (NNODES = trainer.nnodes)")
+
+
+# verl's advantage estimators that compare each sample with the other samples of its prompt's group (the
+# actor_rollout_ref.rollout.n answers to one prompt): with fewer than two there is no group to compare with.
+GROUP_ESTIMATORS = (
+    "grpo",
+    "grpo_passk",
+    "grpo_vectorized",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+)
+
+
+def check_group(cfg) -> Check:
+    """A group-relative estimator (GRPO, RLOO, ...) gets at least two samples per prompt (rollout.n >= 2): with
+    one, each sample is its own group of one and verl falls back to a baseline of 0 (the raw reward as the
+    advantage: no comparison, not the estimator asked for); with none, nothing is generated. verl's validate_config
+    accepts both."""
+    from omegaconf import OmegaConf
+
+    estimator = str(OmegaConf.select(cfg, "algorithm.adv_estimator", default=None))
+    n = OmegaConf.select(cfg, "actor_rollout_ref.rollout.n", default=None)
+    if estimator not in GROUP_ESTIMATORS or n is None:
+        return Check("group", "ok", f"algorithm.adv_estimator={estimator}, rollout.n={n}")
+    try:
+        count = int(n)
+    except (TypeError, ValueError):
+        return Check("group", "FAIL", f"actor_rollout_ref.rollout.n={n!r} is not a sample count")
+    if count < 2:
+        return Check(
+            "group",
+            "FAIL",
+            f"actor_rollout_ref.rollout.n={count} with algorithm.adv_estimator={estimator}: a group-relative "
+            f"estimator compares each of a prompt's n samples with the others, so n < 2 has no group to learn from "
+            f"({'no sample is generated' if count < 1 else 'each sample is a group of one: verl takes its raw reward as the advantage'}); "
+            "set actor_rollout_ref.rollout.n to 2 or more (the recipes use 8 and 16)",
+        )
+    return Check("group", "ok", f"{estimator} over groups of {count} samples per prompt")
 
 
 def _kind(value) -> str | None:

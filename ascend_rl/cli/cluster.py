@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,9 +242,23 @@ def _down(args: argparse.Namespace) -> int:
         raise UsageError(
             f"down: name the cluster with --name (up: {', '.join(_library.list_clusters()) or 'none'})"
         )
-    cl = Cluster.attach(name)
+    try:
+        cl = Cluster.attach(name)
+    except ClusterError:
+        # already down: --purge still removes the default shared folder a plain `down` kept
+        left = _library.DEFAULT_ROOT / name
+        if not (args.purge and _library.NAME_RE.match(name) and (left / "shared").is_dir()):
+            raise
+        shutil.rmtree(left)
+        print(f"cluster {name} is not up; removed the shared folder it left, {left / 'shared'}")
+        return 0
     cl.down(purge=args.purge)
-    kept = "" if args.purge and cl.own_shared else f"; shared folder kept: {cl.shared}"
+    kept = (
+        ""
+        if args.purge and cl.own_shared
+        else f"; shared folder kept: {cl.shared}"
+        + (f" (down --purge --name {cl.name} removes it)" if cl.own_shared else "")
+    )
     print(f"cluster {cl.name} down in {cl.timings['down_s']:.2f}s{kept}")
     return 0
 
@@ -262,6 +277,16 @@ def _fault(args: argparse.Namespace) -> int:
     return 0
 
 
+def _silence_stdout() -> None:
+    """stdout to /dev/null, so the interpreter's last flush into the closed pipe raises nothing either."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     argv = sys.argv[1:] if argv is None else argv
@@ -269,23 +294,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         check_support()
         verb = args.verb
-        if verb == "up":
-            return _up(args)
-        if verb == "run":
-            return _run(args)
-        if verb == "exec":
-            return _exec(args)
-        if verb == "status":
-            return _status(args)
-        if verb == "down":
-            return _down(args)
-        return _fault(args)
+        verbs = {"up": _up, "run": _run, "exec": _exec, "status": _status, "down": _down}
+        code = verbs.get(verb, _fault)(args)
+        sys.stdout.flush()  # inside the try: a closed pipe raises here, not at the interpreter's exit
+        return code
     except ClusterError as exc:
         print(f"cluster: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("cluster: interrupted (what was made is removed)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # a reader that went away (`cluster up ... | head -1`): the work is done, the rest of the text unread
+        _silence_stdout()
+        return 0
     except SystemExit as exc:
         if isinstance(exc.code, int) and exc.code > 128:
             print(

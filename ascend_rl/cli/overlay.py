@@ -229,14 +229,14 @@ def _run(args: argparse.Namespace) -> int:
         elif note := overlay.leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
-        if note := overlay.content_note(recipe, root, args.wait):
+        # another recipe's series on the tree explains files that differ from the release: name it, not local edits
+        carried = overlay.carried_series(recipe, root, args.wait)
+        if not carried and (note := overlay.content_note(recipe, root, args.wait)):
             _say(f"  note: {note}")
         if note := overlay.installed_note(root, recipe.project):
             _say(f"  note: {note}")
-        if any(s.state in overlay.BLOCKED for s in states) and (
-            note := overlay.carried_series(recipe, root, args.wait)
-        ):
-            _say(f"  {note}")
+        if carried:
+            _say(f"  {carried}")
         return EXIT_REFUSED if pending or any(s.state in overlay.BLOCKED for s in states) else EXIT_OK
     if args.command == "apply":
         states = overlay.apply_checked(recipe, root, args.dry_run, args.force, args.wait, _say)

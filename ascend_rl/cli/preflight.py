@@ -18,6 +18,7 @@ from ascend_rl.preflight import (
     PreflightError,
     check_cpu_runtime,
     check_data,
+    check_group,
     check_layout,
     check_logger,
     check_lora,
@@ -172,6 +173,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         )
     checks += [
         layout,
+        check_group(cfg),
         check_lora(cfg),
         check_rollout_budget(cfg, tree.view),
         check_reward(cfg, tree.view),
@@ -179,7 +181,12 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         check_data(cfg, args.made_by),
         check_logger(cfg),
     ]
-    memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
+    if (
+        layout.status == "FAIL"
+    ):  # sizes that do not divide the devices cannot be planned (they divide by zero)
+        memory, memory_plan = Check("memory", "skipped", "not planned: the layout above does not fit"), None
+    else:
+        memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
     checks.append(memory)
     if args.cpu:
         checks.append(check_cpu_runtime())

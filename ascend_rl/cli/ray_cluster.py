@@ -8,7 +8,6 @@ import argparse
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -17,10 +16,13 @@ from ascend_rl import ray_cluster as _library
 from ascend_rl.ray_cluster import (
     CPU_OBJECT_STORE_BYTES,
     DEFAULT_PORT,
+    ENV_FACTS,
     IFNAME_VARS,
     ClusterError,
     check_resources,
     end_driver,
+    environment_facts,
+    environment_line,
     group_job,
     ifname_ipv4,
     look_for_marker,
@@ -34,6 +36,7 @@ from ascend_rl.ray_cluster import (
     raylet_answers,
     resolve_ifname,
     run_drivers,
+    run_ray_start,
     settled,
     shared_folder_line,
     start_command,
@@ -124,6 +127,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     wait = sub.add_parser("wait", help="wait until the Ray cluster has N alive nodes")
     wait.add_argument("--nodes", type=_nodes, required=True)
+    wait.add_argument(
+        "--same-env",
+        metavar="VERL_DIR",
+        help="once the nodes joined, every alive node's Ray workers must run this Python (interpreter, vLLM, "
+        "torch) and a verl of VERL_DIR's version, the tree the job's driver runs; else one line naming the node "
+        "and the difference, exit 1",
+    )
     wait.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     wait.add_argument("--address", default="auto", help="Ray address (default: the local cluster)")
     wait.add_argument(
@@ -200,6 +210,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     plan.add_argument("--port", type=int, default=DEFAULT_PORT)
     plan.add_argument("--timeout", type=int, default=1800)
     plan.add_argument("--ray-start", default="llm_rl/deepseek_r1/ray_start.sh")
+    plan.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting every node's command carries (repeatable): the base, PYTHON, SOCKET_IFNAME, ...",
+    )
     plan.add_argument("job", nargs="+", help="the job command run on the head (after --)")
     return parser.parse_args(argv)
 
@@ -226,10 +243,11 @@ def _start(args: argparse.Namespace) -> int:
         if args.head and args.nodes > 1:
             print(f"then wait up to {args.timeout:g}s for {args.nodes} nodes")
         return 0
-    proc = subprocess.run(argv)
-    if proc.returncode != 0:
+    returncode = run_ray_start(argv)
+    if returncode != 0:
         raise ClusterError(
-            f"ray start exited {proc.returncode}; read the lines above (`ray stop` clears a stale node)"
+            f"ray start exited {returncode}; read the lines above (a Ray node already running here from an "
+            "earlier start: end its processes by pid, not with `ray stop`, which ends every Ray on the machine)"
         )
     if args.head and args.nodes > 1:
         wait_for_nodes(ray_alive_counter(f"{node_ip}:{args.port}"), args.nodes, args.timeout)
@@ -345,6 +363,46 @@ def _shared(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_env(args: argparse.Namespace, nodes: list[dict]) -> None:
+    """Every alive node's workers run this driver's environment (environment_facts), asked by a Ray task pinned
+    to each node; ClusterError with one line otherwise."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    driver = environment_facts(args.same_env)
+    facts = ray.remote(num_cpus=0)(environment_facts)
+    refs = {
+        node_name(node): facts.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote()
+        for node in nodes
+    }
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=args.timeout)
+    answers = {}
+    for name, ref in refs.items():
+        if ref not in ready:
+            raise ClusterError(
+                f"node {name} did not say which Python environment it runs in {args.timeout:g}s"
+            )
+        try:
+            answers[name] = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise ClusterError(
+                f"node {name} could not say which Python environment it runs ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}); start its Ray with the "
+                f"job's Python (PYTHON={driver['executable']} bash llm_rl/deepseek_r1/ray_start.sh ...)"
+            ) from None
+    line = environment_line(driver, answers)
+    if line:
+        raise ClusterError(line)
+    print(
+        f"ray_cluster: every node of {len(answers)} runs this driver's environment ({driver['python']}, "
+        + ", ".join(f"{key} {driver[key] or 'absent'}" for key in ENV_FACTS[1:])
+        + ")",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
@@ -356,15 +414,20 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_nodes(lambda: len(settled(nodes())), args.nodes, args.timeout)
             if args.resource:
                 check_resources(nodes(), args.resource)
+            if args.same_env is not None:
+                _same_env(args, nodes())
             return 0
         if args.verb == "watch":
             return _watch(args)
         if args.verb == "shared":
             return _shared(args)
         if args.local:
-            print(f"this machine (no ray_start.sh: the job starts its own Ray):  {shlex.join(args.job)}")
+            job = shlex.join(["env", *args.env, *args.job] if args.env else args.job)
+            print(f"this machine (no ray_start.sh: the job starts its own Ray):  {job}")
             return 0
-        for line in node_plan(args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port):
+        for line in node_plan(
+            args.nodes, args.head_ip, args.ray_start, args.job, args.timeout, args.port, args.env
+        ):
             print(line)
         return 0
     except ClusterError as exc:

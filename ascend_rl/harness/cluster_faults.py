@@ -53,6 +53,7 @@ from pathlib import Path
 from ascend_rl import cluster as lib
 from ascend_rl.harness.launch import HarnessError
 from ascend_rl.paths import REPO
+from ascend_rl.ray_cluster import NPU_NOISE_END, NPU_NOISE_START
 
 KINDS = ("ifname", "no-worker", "resource", "pg-pending")
 TRAINING_KINDS = ("local-ckpt", "node-lost")  # the launcher trains across the nodes: opt-in, the e2e Python
@@ -157,8 +158,8 @@ class Run:
 # Ray's own noise when `ray start` runs on a node offering `NPU` without Ascend's `acl` module (a CPU node):
 # npu.py logs "Failed to detect NPU type." with the ImportError's traceback, then starts normally. Not a fault's
 # line; counted apart (ray_npu_noise) so that any other traceback still fails a check.
-NPU_NOISE_START = "Failed to detect NPU type."
-NPU_NOISE_END = "ModuleNotFoundError: No module named 'acl'"
+# ray_start.sh's `ray_cluster start` drops it itself now (ascend_rl.ray_cluster.RayStartOutput); a `ray start` run
+# another way still prints it.
 
 
 def without_npu_noise(lines: list[str]) -> tuple[list[str], int]:

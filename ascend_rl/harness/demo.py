@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ascend_rl import runner
 from ascend_rl.data.util import write_json_atomic
+from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
 from ascend_rl.manifest import verl_tree
@@ -33,7 +34,6 @@ from ascend_rl.paths import REPO, child_env
 
 RUN = "train"
 PREFIX = "demo"
-EXIT_OK, EXIT_FAIL = 0, 1
 # Answers may be this long in training (data.max_response_length) and in evaluation: the warm start's
 # answers are ~55 tokens with the end-of-turn token.
 MAX_TOKENS = 80
@@ -253,9 +253,34 @@ def summarise(
         },
         "timing_s": {k: round(v, 1) for k, v in timings.items()},
         "wall_s": round(sum(v for k, v in timings.items() if k != "setup"), 1),
+        # everything this command spent, set-up (inputs and warm start; 0 when reused) included, and each
+        # phase's share of it
+        "all_in_s": round(sum(timings.values()), 1),
+        "share": {k: round(v / sum(timings.values()), 3) for k, v in timings.items()}
+        if sum(timings.values())
+        else {},
         "peak_rss_mib": round(peak_gib * 1024),
         "peak_pss_mib": None if peak_pss_gib is None else round(peak_pss_gib * 1024),
     }
+
+
+PHASES = (
+    ("setup", "set-up (inputs, warm start)"),
+    ("eval_before", "held-out before"),
+    ("train", "GRPO"),
+    ("eval_after", "held-out after"),
+)
+
+
+def time_line(summary: dict) -> str:
+    """The closing time line: all-in (set-up included), then each phase's seconds and share."""
+    t, share = summary["timing_s"], summary["share"]
+    parts = [f"{label} {t[k]:.0f} s ({share.get(k, 0) * 100:.0f} %)" for k, label in PHASES if k in t]
+    reused = " (set-up 0 s: inputs reused)" if t.get("setup", 0) < 1 else ""
+    return (
+        f"all-in time {summary['all_in_s']:.0f} s{reused}: {', '.join(parts)}; "
+        f"wall time {summary['wall_s']:.0f} s without the set-up"
+    )
 
 
 def plot(rows: list[dict], path: Path, marks: list) -> str:
@@ -324,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         after, timings["eval_after"], peak_after = evaluate("after", ckpt, data_dir, args)
     except HarnessError as exc:
         print(f"{PREFIX}: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_REFUSED
     rows = result.rows
     counts = rollout_counts(args.out / RUN / "rollouts")
     summary = summarise(
@@ -351,14 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         f"last quarter {summary['train_reward_last_quarter']:.3f} ({summary['steps']} steps, "
         f"{'every' if summary['every_answer_scored'] else 'NOT every'} answer scored)"
     )
-    t = summary["timing_s"]
+    print(f"{PREFIX}: {time_line(summary)}")
     print(
-        f"{PREFIX}: wall time {summary['wall_s']:.0f} s (held-out before {t['eval_before']:.0f} s, GRPO {t['train']:.0f} s, "
-        f"after {t['eval_after']:.0f} s; set-up {t['setup']:.0f} s not counted, 0 when reused), peak memory "
-        f"{summary['peak_pss_mib']} MiB (PSS of all processes; summed RSS {summary['peak_rss_mib']} MiB); "
-        f"wrote {args.out / 'summary.json'}{plotted}"
+        f"{PREFIX}: peak memory {summary['peak_pss_mib']} MiB (PSS of all processes; summed RSS "
+        f"{summary['peak_rss_mib']} MiB); wrote {args.out / 'summary.json'}{plotted}"
     )
-    return EXIT_OK if summary["every_answer_scored"] else EXIT_FAIL
+    return EXIT_OK if summary["every_answer_scored"] else EXIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -13,10 +13,13 @@ it appears) and the last error line of a failed run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -166,27 +169,47 @@ def launch(
     on = f"VERL_BASE={base} " if base else ""
     on += "".join(f"{key}={value} " for key, value in (extra_env or {}).items())
     print(f"{prefix}: {name}: {on}{' '.join(cmd[1:])}  (log: {log_path})", flush=True)
-    shown, seen_size = 0, -1
+    seen_size, printed = -1, set()
+    lock = threading.Lock()
+
+    def show_step(row: dict) -> None:
+        with lock:
+            if row["step"] not in printed:
+                printed.add(row["step"])
+                print(f"{prefix}: {name}: {step_line(row)}", flush=True)
 
     def show_new_steps() -> None:
-        nonlocal shown, seen_size
+        nonlocal seen_size
         size = metrics.stat().st_size if metrics.is_file() else 0
         if size == seen_size:
             return
         seen_size = size
-        rows = read_metrics(metrics)
-        for row in rows[shown:]:
-            print(f"{prefix}: {name}: {step_line(row)}", flush=True)
-        shown = len(rows)
+        for row in read_metrics(metrics):
+            show_step(row)
 
     def show(line: str) -> None:
-        show_new_steps()  # each console line is a moment to look at the metrics file again
+        # verl's console logger prints each step as it ends (`step:3 - key:value - ...`); verl 0.6.0's file logger
+        # buffers its writes until the run ends, so the console line is the step's first sign there
+        if (row := console_step(line)) is not None:
+            show_step(row)
         if line.startswith("preflight: error") or "Error executing job" in line:
             print(f"{prefix}: {name}: {line.strip()[:300]}", flush=True)
 
+    stop = threading.Event()
+
+    # Ray may hold the console back: the metrics file (0.7.1 writes it unbuffered) every 2 s besides
+    def poll() -> None:
+        while not stop.wait(2.0):
+            with contextlib.suppress(HarnessError, OSError):
+                show_new_steps()
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     try:
         done = runner.run_measured(cmd, log_path, timeout_s, cwd=REPO, env=env, on_line=show)
     finally:  # however it ended: verl 0.7.1's vLLM engine is killed, never shut down, and leaves its queues
+        stop.set()
+        poller.join()
         say_shm(prefix, name, shm.remove_leftovers(run_dir / shm.RECORD, settle_s=SHM_SETTLE_S), "the run")
     show_new_steps()
     rows = (
@@ -265,6 +288,28 @@ def last_error(log_path: Path) -> str:
         if match and "Error executing job" not in line:
             found = match.group(0).strip()
     return found[:300]
+
+
+CONSOLE_STEP = re.compile(r"\bstep:(\d+) - (.*)$")
+WRAPPED = re.compile(r"[A-Za-z_][\w.]*\((.*)\)")  # np.float64(0.25)
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf")
+
+
+def console_step(line: str) -> dict | None:
+    """A step of verl's console logger (`step:3 - critic/score/mean:0.25 - ...`, after Ray's `(TaskRunner pid=N)`
+    prefix) as a metrics row, or None; a value printed as np.float64(0.25) is read as 0.25."""
+    match = CONSOLE_STEP.search(line.rstrip())
+    if not match:
+        return None
+    row: dict = {"step": int(match.group(1))}
+    for pair in match.group(2).split(" - "):
+        key, sep, value = pair.rpartition(":")
+        value = value.strip()
+        if wrapped := WRAPPED.fullmatch(value):
+            value = wrapped.group(1)
+        if sep and NUMBER.fullmatch(value):
+            row[key.strip()] = float(value)
+    return row
 
 
 def step_line(row: dict) -> str:

@@ -190,3 +190,78 @@ def describe(done: Cleanup, what: str) -> str | None:
         why = "; ".join(f"{name}: {reason}" for name, reason in sorted(done.kept.items()))
         parts.append(f"kept {len(done.kept)} ({why})")
     return ", ".join(parts)
+
+
+# --- the launchers' records: what a killed run left, removed at the next launch on the node ------------------------
+
+LAUNCH_RECORDS = (
+    "RECIPES_SHM_RECORDS"  # the folder of the launchers' records (default: the download cache's shm/)
+)
+
+
+def launch_records(folder: str | None = None) -> Path:
+    """Where the launchers keep their records: $RECIPES_SHM_RECORDS, else <cache>/shm (~/.cache/ascend-rl-recipes)."""
+    if folder or os.environ.get(LAUNCH_RECORDS):
+        return Path(folder or os.environ[LAUNCH_RECORDS])
+    cache = os.environ.get("RECIPES_CACHE") or str(Path.home() / ".cache" / "ascend-rl-recipes")
+    return Path(cache) / "shm"
+
+
+def clean_node(folder: Path, shm_dir: Path = SHM, host: str | None = None) -> tuple[Cleanup, int]:
+    """remove_leftovers() for every record of this node (<folder>/<host>/*.jsonl); a record with nothing of it left
+    in shm_dir and no creator still running is deleted. (Cleanup, bytes freed)."""
+    import socket
+
+    done, freed = Cleanup(), 0
+    node = folder / (host or socket.gethostname())
+    for record in sorted(node.glob("*.jsonl")) if node.is_dir() else ():
+        sizes = {}
+        for name in read_record(record):
+            try:
+                sizes[name] = (shm_dir / name).lstat().st_size if safe_name(name) else 0
+            except OSError:
+                sizes[name] = 0
+        one = remove_leftovers(record, shm_dir)
+        freed += sum(sizes.get(name, 0) for name in one.removed)
+        done += one
+        left = read_record(record)
+        if not any(safe_name(n) and os.path.lexists(shm_dir / n) for n in left) and not any(
+            creator_alive(e) for e in left.values()
+        ):
+            record.unlink(missing_ok=True)  # nothing of that run is left, and none of its creators still runs
+    return done, freed
+
+
+def _amount(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m ascend_rl.harness.shm clean [--records DIR]`: what the launchers run before a launch."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python3 -m ascend_rl.harness.shm", description=main.__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    clean = sub.add_parser(
+        "clean", help="remove what earlier launches on this node left in /dev/shm, by name"
+    )
+    clean.add_argument(
+        "--records", help=f"the records' folder (default: ${LAUNCH_RECORDS}, else <cache>/shm)"
+    )
+    args = parser.parse_args(argv)
+    done, freed = clean_node(launch_records(args.records))
+    if done.removed:
+        print(
+            f"shm: freed {_amount(freed)} of /dev/shm: {len(done.removed)} entries an earlier run of these "
+            f"launchers left when it was killed ({', '.join(done.removed)})",
+            flush=True,
+        )
+    if done.kept:
+        print(f"shm: {describe(Cleanup(kept=done.kept), 'earlier runs')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

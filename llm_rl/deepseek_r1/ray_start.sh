@@ -56,4 +56,16 @@ recipes_find_python "$(basename "$0")" || exit 1
   exit 1
 }
 
+# a dry run says what this node's Ray workers would run (the launcher's node wait compares it with the job's)
+case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON with verl $VERL_BASE from $VERL_DIR" >&2 ;; esac
+# /dev/shm on this node: what an earlier run's processes here left when it was killed goes first (by the names they
+# recorded; the launchers' own record, ascend_rl/shm_record/), then this node's Ray workers record theirs
+case " $* " in *" --dry-run "*) ;; *)
+  if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
+    (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+    SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
+    export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/ray_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+    PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$PYTHONPATH"
+  fi ;;
+esac
 PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"

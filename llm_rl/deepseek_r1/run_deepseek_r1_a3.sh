@@ -26,6 +26,13 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# What the user set in the environment that decides what runs (read before this script sets any of them): the dry
+# run's node-by-node commands carry each, so a line copied onto its node runs what this dry run checked.
+NODE_ENV=()
+for name in SOCKET_IFNAME VERL_DIR MODEL_DIR MCORE_DIR DATA_DIR LOG_DIR CKPT_DIR RUN_NAME LOGGER \
+  RAY_PENDING_TIMEOUT RAY_WAIT_TIMEOUT RAY_WATCH; do
+  [ -z "${!name+x}" ] || NODE_ENV+=("$name=${!name}")
+done
 VERL_BASE="${VERL_BASE:-}"
 
 VARIANT=real
@@ -57,6 +64,9 @@ source "$RECIPE_DIR/env.sh"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+# its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
+PYTHON_PATH="$(command -v "$PYTHON")"
+case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
@@ -88,7 +98,7 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
 # PYTHONPATH is set just before the trainer starts.
-LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT)
+LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: a real launch sets it (below)
 TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -223,18 +233,25 @@ cd "$REPO_DIR"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   NODES_FD=1
   [ "${#JSON[@]}" -eq 0 ] || NODES_FD=2  # stdout holds the JSON plan alone
-  PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT")
+  PLAN=(--nodes "$NNODES" --head-ip "${HEAD_IP:-<head-ip>}"); JOB=(--variant "$VARIANT" --base "$VERL_BASE")
   if [ "$PROFILE" = cpu ] && [ "$NNODES" = 1 ]; then
-    PLAN=(--local); JOB=(--cpu)  # one machine: main_ppo starts its own Ray
+    PLAN=(--local); JOB=(--cpu --base "$VERL_BASE")  # one machine: main_ppo starts its own Ray
   elif [ "$PROFILE" = cpu ]; then
     # CPU nodes: ray_start.sh --cpu on each, then this launcher with the node count on the head
-    PLAN+=(--ray-start "llm_rl/deepseek_r1/ray_start.sh --cpu"); JOB=(--cpu)
+    PLAN+=(--ray-start "llm_rl/deepseek_r1/ray_start.sh --cpu"); JOB=(--cpu --base "$VERL_BASE")
   fi
+  # Every line carries what decides the run: the base (ray_start.sh puts verl-<base> on its workers' path), the
+  # Python this dry run checked with (ray_start.sh starts that Python's Ray), the node count and ranks per node,
+  # and what the user set (NODE_ENV: the socket interface, the folders, ...).
+  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$PYTHON_PATH")
+  [ "$NNODES" = 1 ] || PLAN_ENV+=("NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
+  PLAN_ENV+=("${NODE_ENV[@]}")
   {
     [ "$PROFILE" = cpu ] || echo "node-by-node:"
-    JOB_ENV=()
-    [ "$PROFILE" != cpu ] || [ "$NNODES" = 1 ] || JOB_ENV=(env "NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
-    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" -- "${JOB_ENV[@]}" bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
+    [ "$NNODES" = 1 ] || [ -n "${SOCKET_IFNAME:-}" ] \
+      || echo "(SOCKET_IFNAME unset: each node takes its default route's interface; set it to name the cluster's)"
+    "$PYTHON" -m ascend_rl ray_cluster plan "${PLAN[@]}" "${PLAN_ENV[@]/#/--env=}" \
+      -- bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh "${JOB[@]}" "${ARGS[@]}"
   } >&"$NODES_FD"
   exit 0
 fi
@@ -245,8 +262,10 @@ fi
 if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
   RANK_RESOURCE=NPU
   [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
+  # ... and that every node's Ray runs this launcher's Python environment (interpreter, verl, vLLM, torch): a node
+  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl
   "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
-    --resource "$RANK_RESOURCE=$NPUS_PER_NODE"
+    --resource "$RANK_RESOURCE=$NPUS_PER_NODE" --same-env "$VERL_DIR"
 fi
 # Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse
 # now, in one line naming the nodes, unless every node sees the folder the head sees (a node-local disk would leave
@@ -262,6 +281,15 @@ if [ "$NNODES" != 1 ]; then
   "$PYTHON" -m ascend_rl ray_cluster shared "$CKPT_PATH" --what trainer.default_local_dir
 fi
 
+# /dev/shm: first remove what an earlier run of these launchers left on this node when it was killed (its processes
+# recorded each name as they made it; a name goes only once its creator has ended and no process maps it), then
+# record this run's names the same way (ascend_rl/shm_record/). The harness records its runs itself.
+if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
+  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+  SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
+  export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  TRAINER_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$TRAINER_PYTHONPATH"
+fi
 export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"

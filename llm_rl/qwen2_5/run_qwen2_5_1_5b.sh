@@ -108,7 +108,7 @@ export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 LAUNCH_ENV+=(VLLM_USE_V1 VLLM_ASCEND_ENABLE_NZ PYTORCH_NPU_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS
   HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT HCCL_HOST_SOCKET_PORT_RANGE HCCL_NPU_SOCKET_PORT_RANGE
   ASCEND_GLOBAL_LOG_LEVEL ASCEND_RT_VISIBLE_DEVICES TENSORBOARD_DIR SWANLAB_LOG_DIR MLFLOW_TRACKING_URI WANDB_DIR
-  VERL_FILE_LOGGER_ROOT)
+  VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: set by a real launch only (/dev/shm record, below)
 TRAINER_PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 # The single-card baseline of cann-recipes-train's Qwen2.5 GRPO guide (section 7.4, its training
@@ -173,6 +173,15 @@ cd "$REPO_DIR"
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0
 
+# /dev/shm: first remove what an earlier run of these launchers left on this node when it was killed (its processes
+# recorded each name as they made it; a name goes only once its creator has ended and no process maps it), then
+# record this run's names the same way (ascend_rl/shm_record/). The harness records its runs itself.
+if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
+  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+  SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
+  export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  TRAINER_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$TRAINER_PYTHONPATH"
+fi
 export PYTHONPATH="$TRAINER_PYTHONPATH"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/${RUN_NAME}_$(date +%Y%m%d_%H%M%S).log"

@@ -177,9 +177,85 @@ def test_quarters_and_an_unscored_answer_are_reported(tmp_path):
     counts = demo_learn.rollout_counts(rollouts)
     assert counts == {1: {"answers": 2, "scored": 2}, 2: {"answers": 2, "scored": 1}}
     args = demo_learn.parse_args(["--prompts", "1", "--n", "2", "--out", str(tmp_path)])
-    report = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.5}}
+    # before and after differ in every figure, so a summary that reads one evaluation for both fails here
+    before = {"overall": {"problems": 64, "mean@1": 0.125}, "reward": {"score": 0.25}}
+    after = {"overall": {"problems": 64, "mean@1": 0.5}, "reward": {"score": 0.625}}
     rows = [{"critic/score/mean": 0.25}, {"critic/score/mean": 0.75}]
-    summary = demo_learn.summarise(args, rows, report, report, counts, {"setup": 9.0, "train": 3.0}, 1.5)
+    timings = {"setup": 9.0, "eval_before": 2.0, "train": 3.0, "eval_after": 6.0}
+    summary = demo_learn.summarise(args, rows, before, after, counts, timings, 1.5)
     assert summary["every_answer_scored"] is False
     assert (summary["train_reward_first_quarter"], summary["train_reward_last_quarter"]) == (0.25, 0.75)
-    assert summary["wall_s"] == 3.0 and summary["peak_rss_mib"] == 1536
+    assert (summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]) == (0.125, 0.5)
+    assert (summary["heldout_reward_before"], summary["heldout_reward_after"]) == (0.25, 0.625)
+    assert summary["wall_s"] == 11.0 and summary["all_in_s"] == 20.0 and summary["peak_rss_mib"] == 1536
+    assert summary["share"] == {"setup": 0.45, "eval_before": 0.1, "train": 0.15, "eval_after": 0.3}
+    assert demo_learn.time_line(summary) == (
+        "all-in time 20 s: set-up (inputs, warm start) 9 s (45 %), held-out before 2 s (10 %), GRPO 3 s (15 %), "
+        "held-out after 6 s (30 %); wall time 11 s without the set-up"
+    )
+
+
+def _quiet_warm_start(monkeypatch, clock):
+    """warm_start over a stand-in model and loss (no tokenizer, no tiny Qwen2), on a fake clock."""
+    import torch
+
+    rows = torch.zeros(4, 3, dtype=torch.long)
+    monkeypatch.setattr(
+        warm_start, "_encode", lambda problems, tokenizer: (rows, torch.ones_like(rows), rows)
+    )
+    monkeypatch.setattr(
+        warm_start, "_response_loss", lambda model, ids, attention, labels: (model.weight**2).sum()
+    )
+    monkeypatch.setattr(warm_start.time, "monotonic", clock)
+    lines: list[str] = []
+    warm_start.warm_start(torch.nn.Linear(2, 1), None, [], steps=100, seed=0, batch_size=2, log=lines.append)
+    return lines
+
+
+def test_warm_start_says_how_far_it_is_as_it_goes(monkeypatch):
+    # quick steps: a line every 20th of the steps, with the time spent and left (the old every-5th left 5 minutes silent)
+    lines = _quiet_warm_start(monkeypatch, lambda: 0.0)
+    assert len(lines) == 20 and lines[0].startswith("warm start step 5/100: response cross-entropy ")
+    assert lines[-1].startswith("warm start step 100/100: ") and lines[-1].endswith(
+        "(0 s so far, about 0 s to go)"
+    )
+    # slow steps (10 s each): a line at least every 15 s whatever the step count
+    ticks = iter(range(0, 100_000, 10))
+    lines = _quiet_warm_start(monkeypatch, lambda: float(next(ticks)))
+    assert lines[0].startswith("warm start step 2/100: ") and lines[0].endswith(
+        "(20 s so far, about 980 s to go)"
+    )
+    assert len(lines) == 60  # every second step (20 s), and the 5th, 15th, ... (the 20th-of-the-steps lines)
+
+
+def test_a_step_is_shown_from_the_console_line_verl_prints_as_it_ends():
+    from ascend_rl.harness.launch import console_step, step_line
+
+    line = "(TaskRunner pid=12) step:3 - actor/pg_loss:-0.012 - critic/score/mean:np.float64(0.25) - timing_s/step:12.5"
+    row = console_step(line)
+    assert row == {"step": 3, "actor/pg_loss": -0.012, "critic/score/mean": 0.25, "timing_s/step": 12.5}
+    assert step_line(row) == "step 3: reward=0.25, pg_loss=-0.012, step_s=12.5"
+    assert console_step("(TaskRunner pid=12) Training Progress: 25%|##  | 3/12") is None
+
+
+def test_the_e2e_set_up_says_how_far_it_is_while_a_step_runs(tmp_path):
+    # scripts/setup_e2e.sh's step(): the torch step was minutes of silence on a first `make demo`
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "setup_e2e.sh").read_text()
+    start = script.index("step() {")
+    function = script[start : script.index("\n}\n", start) + 3]
+    venv, log = tmp_path / "venv", tmp_path / "log"
+    venv.mkdir()
+    body = f'set -euo pipefail\nvenv="{venv}"; log="{log}"\n{function}\nstep "sleeping" sleep 3\nstep "failing" sh -c "echo boom; exit 3"\n'
+    proc = subprocess.run(
+        ["bash", "-c", body],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "SETUP_HEARTBEAT_S": "1"},
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "setup-e2e: sleeping" and lines[-1] == "setup-e2e: failing", proc.stdout
+    beats = [line for line in lines if line.startswith("setup-e2e:   ... ")]
+    assert len(beats) >= 2 and f"s so far, 1 MB in {venv}" in beats[0], proc.stdout  # du -sm rounds up
+    assert proc.returncode == 1 and "boom" in proc.stderr and "setup-e2e: failed while:" in proc.stderr, (
+        proc.stderr
+    )

@@ -356,3 +356,164 @@ def test_a_0_7_1_run_leaves_dev_shm_as_it_found_it_also_after_a_killed_one(e2e_p
     assert by_creator and not rest, f"engine queues not unlinked by their creators: {rest}; {stdout[-3000:]}"
     removed = [line for line in stdout.splitlines() if "/dev/shm entries the run left" in line]
     assert not any(name in line for line in removed for name in by_creator), removed
+
+
+SHM_RECORD_SITE = REPO / "ascend_rl" / "shm_record"
+
+
+def test_a_launch_frees_what_a_killed_earlier_launch_left_on_this_node(tmp_path):
+    """The launchers' own record (issue 48, item 6): a process of a run started by a launcher (ascend_rl/shm_record/
+    on PYTHONPATH, RECIPES_SHM_RECORD with {host}) records each name as it makes it, into this node's folder; killed
+    with its group, it leaves them; the next launch's `python3 -m ascend_rl.harness.shm clean` removes them by name,
+    says how much it freed, and deletes the record it has nothing left of."""
+    import socket
+
+    records = tmp_path / "records"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SHM_RECORD_SITE),
+        shm.ENV: str(records / "{host}" / "run_1.jsonl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    names = json.loads(proc.stdout)
+    record = records / socket.gethostname() / "run_1.jsonl"
+    bystander = shared_memory.SharedMemory(create=True, size=4096)  # in no record: never touched
+    try:
+        bystander.close()
+        assert set(shm.read_record(record)) == {names["left"], names["sem"]}
+        assert (shm.SHM / names["left"]).exists()
+        clean = subprocess.run(
+            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert clean.returncode == 0, clean.stderr
+        assert clean.stdout.startswith(
+            "shm: freed 8 KiB of /dev/shm: 2 entries an earlier run of these launchers"
+        ), clean.stdout
+        assert names["left"] in clean.stdout and names["sem"] in clean.stdout
+        assert not (shm.SHM / names["left"]).exists() and not (shm.SHM / names["sem"]).exists()
+        assert (shm.SHM / bystander.name).exists()
+        assert not record.exists()  # nothing of it left: the record goes too
+        again = subprocess.run(
+            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode == 0 and again.stdout == ""
+    finally:
+        bystander.unlink()
+        _unlink_all(names["left"], names["sem"])
+
+
+def test_the_launch_record_runs_the_sitecustomize_it_shadows(tmp_path):
+    # a folder with its own sitecustomize after ours on the path (a distribution's, the test hooks'): it still runs
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SHM_RECORD_SITE}{os.pathsep}{other}",
+        shm.ENV: str(tmp_path / "r.jsonl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "1", proc.stdout + proc.stderr
+
+
+@pytest.mark.full
+def test_a_launcher_run_killed_on_0_7_1_then_resumed_leaves_dev_shm_as_it_was(e2e_python, tmp_path):
+    """Issue 48, item 6, as a user meets it: the Qwen launcher run directly (no harness cleaning up after it) on
+    verl 0.7.1, SIGKILLed once its first checkpoint is being written (vLLM's engine queues made), then the same
+    launch again, which resumes. The second launch removes what the first left (by its own record) and says how
+    much it freed; when it has ended, /dev/shm holds nothing either run made."""
+    import socket
+
+    before = set(_listing())
+    out = tmp_path / "out"
+    prep = subprocess.run(
+        [
+            str(e2e_python),
+            "-c",
+            "import sys; from pathlib import Path; from ascend_rl.harness.e2e import prepare_inputs; "
+            "print(*prepare_inputs(Path(sys.argv[1]), 300), sep='\\n')",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    model, data = prep.stdout.strip().splitlines()[-2:]
+    records = tmp_path / "records"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(e2e_python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHON": str(e2e_python),
+        "VERL_BASE": "0.7.1",
+        "MODEL_DIR": model,
+        "DATA_DIR": data,
+        "LOG_DIR": str(out / "log"),
+        "CKPT_DIR": str(out / "ckpt"),
+        "RUN_NAME": "shm_kill",
+        "RECIPES_SHM_RECORDS": str(records),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop(shm.ENV, None)  # the launcher records the run itself, as for a user
+    argv = ["bash", str(REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"), "--cpu"]
+    argv += ["trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.resume_mode=auto"]
+    node = records / socket.gethostname()
+
+    killed = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    step1 = out / "ckpt" / "shm_kill" / "global_step_1"
+    deadline = time.monotonic() + 1200
+    while not (step1.exists() or step1.with_name("global_step_1.partial").exists()):
+        assert killed.poll() is None and time.monotonic() < deadline, (
+            "the first run ended before its first save"
+        )
+        time.sleep(0.5)
+    os.killpg(killed.pid, signal.SIGKILL)
+    for pid in _processes(str(records).encode()):  # Ray's processes outside the launcher's group
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _processes(str(records).encode()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    made = set().union(*(_created(r) for r in node.glob("*.jsonl")))
+    left = {name for r in node.glob("*.jsonl") for name in shm.read_record(r) if (shm.SHM / name).exists()}
+    assert left, "the killed run left nothing in /dev/shm: the test would prove nothing"
+
+    resumed = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    freed = [line for line in resumed.stdout.splitlines() if line.startswith("shm: freed ")]
+    assert len(freed) == 1 and all(name in freed[0] for name in left), resumed.stdout[-3000:]
+    # it resumed: verl 0.7.1 names the checkpoint it found (seen: "Found checkpoint: %s .../global_step_1")
+    found = [line for line in resumed.stdout.splitlines() if "Found checkpoint" in line]
+    assert found and found[0].endswith("global_step_1"), resumed.stdout[-3000:]
+    made |= set().union(*(_created(r) for r in node.glob("*.jsonl")))
+    new = set(_listing()) - before
+    assert not new & made, f"the runs left {sorted(new & made)} in /dev/shm"
+    assert not any((shm.SHM / name).exists() for name in left)

@@ -65,7 +65,7 @@ def test_deepseek_dry_run_composes_megatron_config_and_prints_nodes(tmp_path, ve
     nodes = [line for line in report.splitlines() if line.startswith("node ")]
     assert len(nodes) == 17  # 16 ray starts, then the job on the head
     assert "--head --nodes 16" in nodes[0] and all("--worker" in n for n in nodes[1:16])
-    assert f"--variant {variant} trainer.total_epochs=2" in nodes[16]
+    assert f"--variant {variant} --base 0.6.0 trainer.total_epochs=2" in nodes[16]
 
 
 def test_json_plan_resolves_last_one_wins_and_agrees_with_the_printed_command(tmp_path, verl_tree):
@@ -242,5 +242,11 @@ def test_deepseek_npu_launch_waits_for_every_node_to_offer_its_npus(tmp_path, ve
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     proc = _run(LAUNCHERS[2], [], env)
     assert proc.returncode == 9, proc.stdout + proc.stderr  # the wait's failure ends the launch
-    assert asked.read_text().split() == ["--nodes", "2", "--timeout", "60", "--resource", f"NPU={npus}"]
+    assert asked.read_text().split() == [
+        *("--nodes", "2", "--timeout", "60", "--resource", f"NPU={npus}"),
+        *(
+            "--same-env",
+            str(verl_tree),
+        ),  # every node's Ray on this launcher's Python and verl (issue 48, item 1)
+    ]
     assert "stub trainer started" not in proc.stdout

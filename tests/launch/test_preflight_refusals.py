@@ -329,7 +329,7 @@ def test_the_deepseek_cpu_plan_shows_the_cpu_command(tmp_path, verl_tree):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray_start.sh --head" not in proc.stdout and "--worker" not in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.endswith("bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --cpu"), last
+    assert last.endswith("bash llm_rl/deepseek_r1/run_deepseek_r1_a3.sh --cpu --base 0.6.0"), last
 
 
 def test_errors_follow_the_report_when_both_go_to_one_file(tmp_path, verl_tree):
@@ -349,3 +349,49 @@ def test_errors_follow_the_report_when_both_go_to_one_file(tmp_path, verl_tree):
     first_error = next(i for i, ln in enumerate(text) if ln.startswith("preflight: error:"))
     table = [i for i, ln in enumerate(text) if ln.startswith("  ")]
     assert table and max(table) < first_error, text
+
+
+@pytest.mark.parametrize(
+    "script,args,said",
+    [
+        (
+            QWEN,
+            ["actor_rollout_ref.rollout.n=0"],
+            "actor_rollout_ref.rollout.n=0 with algorithm.adv_estimator=grpo",
+        ),
+        (
+            QWEN,
+            ["actor_rollout_ref.rollout.n=1"],
+            "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo",
+        ),
+        (
+            QWEN,
+            ["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"],
+            "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=rloo",
+        ),
+        (
+            DEEPSEEK,
+            ["actor_rollout_ref.rollout.n=1"],
+            "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo",
+        ),
+    ],
+    ids=["qwen-n0", "qwen-n1", "qwen-rloo-n1", "deepseek-n1"],
+)
+def test_a_group_relative_estimator_with_fewer_than_two_samples_is_refused_in_one_line(
+    tmp_path, verl_tree, script, args, said
+):
+    # verl's own validate_config accepts n=0 and n=1: only the preflight's group check stands between them and a run
+    line = _refused(run_launcher(script, ["--dry-run", *args], launcher_env(tmp_path, verl_tree)))
+    assert said in line and "set actor_rollout_ref.rollout.n to 2 or more" in line
+
+
+def test_two_samples_per_prompt_and_a_non_group_estimator_pass_the_group_check():
+    cfg = OmegaConf.create(
+        {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"rollout": {"n": 2}}}
+    )
+    assert preflight.check_group(cfg).status == "ok"
+    cfg.algorithm.adv_estimator = "gae"  # PPO's critic baseline needs no group
+    cfg.actor_rollout_ref.rollout.n = 1
+    assert preflight.check_group(cfg).status == "ok"
+    cfg.algorithm.adv_estimator = "grpo_passk"
+    assert preflight.check_group(cfg).status == "FAIL"

@@ -114,8 +114,12 @@ def test_cpu_node_puts_the_cpu_verl_tree_on_the_raylets_pythonpath(tmp_path):
     cpu = _ray_start(["--cpu", "--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.6.0")
     npu = _ray_start(["--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.6.0")
     recipe = REPO / "llm_rl" / "deepseek_r1"
-    assert f"PYTHONPATH={REPO}:{recipe}/verl-0.6.0-cpu" == cpu.stdout.strip(), cpu.stdout + cpu.stderr
-    assert f"PYTHONPATH={REPO}:{recipe}/verl-0.6.0" == npu.stdout.strip(), npu.stdout + npu.stderr
+    # the last line: `ray_cluster start` (before it, the node's /dev/shm clean-up ran with the same probe); the
+    # launchers' /dev/shm record (ascend_rl/shm_record) comes first after the repository, for the raylet's workers
+    record = REPO / "ascend_rl" / "shm_record"
+    cpu_last, npu_last = cpu.stdout.strip().splitlines()[-1], npu.stdout.strip().splitlines()[-1]
+    assert f"PYTHONPATH={REPO}:{record}:{recipe}/verl-0.6.0-cpu" == cpu_last, cpu.stdout + cpu.stderr
+    assert f"PYTHONPATH={REPO}:{record}:{recipe}/verl-0.6.0" == npu_last, npu.stdout + npu.stderr
 
 
 def test_a_python_without_ray_or_a_bad_profile_is_one_line(tmp_path):
