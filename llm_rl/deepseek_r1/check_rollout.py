@@ -116,7 +116,14 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
 
     recipe = overlay.load_recipe("deepseek_r1")
     without_budget = dataclasses.replace(
-        recipe, series=tuple(p for p in recipe.series if f"+++ b/{BUDGET_MODULE}" not in p.read_text())
+        recipe,
+        series=tuple(
+            p
+            for p in recipe.series
+            if not any(
+                fp.old_path is None and fp.path == BUDGET_MODULE for fp in overlay.patchset.parse(p).files
+            )
+        ),
     )
     if len(without_budget.series) != len(recipe.series) - 1:
         raise CheckError(f"no single patch of the DeepSeek series adds {BUDGET_MODULE}; update BUDGET_MODULE")
