@@ -139,7 +139,7 @@ def test_revert_refuses_to_leave_another_series_on_a_bare_base(base, under, over
             proc.stderr + proc.stdout
         )
         assert f"this tree carries {over}'s series on top of {under}'s: {own} patches of its own" in err[0]
-        assert f"revert {over} instead (python -m ascend_rl overlay revert {over}" in err[0]
+        assert f"revert {over} instead (python3 -m ascend_rl overlay revert {over}" in err[0]
         assert err[0].endswith("; nothing was changed")
         assert tree_bytes(tree) == before
     # The series on top comes off whole, and then the one beneath has nothing left to take off.
@@ -156,7 +156,7 @@ def test_revert_refuses_to_leave_an_overlay_on_a_bare_base(base_tree, pristine_b
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(err) == 1, proc.stderr
     assert "this tree carries qwen2_5+cpu's series on top of qwen2_5's" in err[0]
-    assert "(python -m ascend_rl overlay revert qwen2_5 --with cpu --target " in err[0]
+    assert "(python3 -m ascend_rl overlay revert qwen2_5 --with cpu --target " in err[0]
     assert tree_bytes(tree) == before
     assert cli("revert", "qwen2_5", "--with", "cpu", "--target", tree).returncode == 0
     assert tree_bytes(tree) == tree_bytes(pristine_base("0.7.1"))
