@@ -90,6 +90,8 @@ class Recipe:
     image_source: str = ""  # where that image is named
     overrides: tuple[str, ...] = ()  # the Hydra overrides this base needs on top of the launcher's own
     cpu_overrides: tuple[str, ...] = ()  # and on top of the CPU profile's, when the launch runs on CPU
+    # environment the CPU profile sets on this base (a user's value wins)
+    cpu_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def recipe(self) -> str:
@@ -162,6 +164,7 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             image_source=str(table.get("image_source", "")),
             overrides=tuple(str(o) for o in table.get("overrides", ())),
             cpu_overrides=tuple(str(o) for o in table.get("cpu_overrides", ())),
+            cpu_env=tuple((str(k), str(v)) for k, v in table.get("cpu_env", {}).items()),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
@@ -232,6 +235,7 @@ class Launch:
     verl_dir: Path  # the tree the launch runs unless the user names another (VERL_DIR)
     overrides: tuple[str, ...]  # the base's, then (cpu profile) the base's CPU ones
     die: str | None
+    cpu_env: tuple[tuple[str, str], ...] = ()  # (cpu profile) the base's environment for the CPU run
 
     def shell(self) -> str:
         """The launch as bash assignments for `eval` (every value quoted)."""
@@ -245,6 +249,7 @@ class Launch:
                 f"RECIPE_TREE={shlex.quote(str(self.verl_dir))}",
                 f"BASE_OVERRIDES={array(self.recipe.overrides)}",
                 f"BASE_CPU_OVERRIDES={array(self.overrides[len(self.recipe.overrides) :])}",
+                f"BASE_CPU_ENV={array(f'{k}={v}' for k, v in self.cpu_env)}",
                 f"RECIPE_DIE={shlex.quote(self.die or '')}",
             ]
         )
@@ -261,6 +266,7 @@ class Launch:
                 str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in self.recipe.series
             ],
             "overrides": list(self.overrides),
+            "cpu_env": dict(self.cpu_env),
             "die": self.die,
             "image": self.recipe.image,
         }
@@ -278,4 +284,5 @@ def resolve_launch(recipe: str, base: str | None = None, profile: str = "npu") -
             with_overlay(spec, CPU_OVERLAY), overrides=spec.overrides, cpu_overrides=spec.cpu_overrides
         )
         overrides += spec.cpu_overrides
-    return Launch(spec, spec.version, profile, spec.default_target, overrides, recipe_die(spec.recipe))
+    env = spec.cpu_env if profile == "cpu" else ()
+    return Launch(spec, spec.version, profile, spec.default_target, overrides, recipe_die(spec.recipe), env)

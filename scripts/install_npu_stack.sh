@@ -31,11 +31,13 @@ while [ $# -gt 0 ]; do
     *) echo "install_npu_stack.sh: unknown argument '$1'; run with --help" >&2; exit 2 ;;
   esac
 done
-# The verl base: VERL_BASE, else the recipe's default_base (recipe.toml).
-VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$REPO_DIR/llm_rl/$RECIPE/recipe.toml")}"
-VERL_DIR="${VERL_DIR:-$REPO_DIR/llm_rl/$RECIPE/verl-$VERL_BASE}"
-MINDSPEED_DIR="${MINDSPEED_DIR:-$REPO_DIR/llm_rl/$RECIPE/MindSpeed}"
 PYTHON="${PYTHON:-python3}"
+# The verl base (VERL_BASE, else the recipe's default_base) and its tree, resolved as the launchers resolve them
+# (the manifest reader needs only Python 3.11's standard library); an unknown recipe or base: one line, exit 2.
+resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve "$RECIPE" --base "${VERL_BASE:-}" --shell)" || exit 2
+eval "$resolved"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
+MINDSPEED_DIR="${MINDSPEED_DIR:-$REPO_DIR/llm_rl/$RECIPE/MindSpeed}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 C="$REPO_DIR/constraints.txt"
 

@@ -9,7 +9,7 @@
 # patches/cpu/ (cpu-0005 makes megatron-core run on CPU), never the tree an NPU launch uses.
 # shellcheck shell=bash disable=SC2034
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"  # verl-<base>-cpu (the launcher's `ascend_rl resolve --profile cpu`)
 # what `python3 -m ascend_rl e2e --runs deepseek` (make e2e) makes: ascend_rl/harness/tiny_deepseek.py, the bundled problems
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
@@ -95,15 +95,12 @@ if [ "$NNODES" = 1 ]; then
   )
 fi
 
-# What verl 0.7.1 (--base 0.7.1: its server-mode rollout, one vLLM server per process here) needs on top on CPU
-# (sleep mode, which vLLM's CPU platform lacks, is already off: the launcher's explicit offload): one agent-loop
-# worker and one reward-loop worker instead of 8 each (each ~1 GiB; 8 would not divide 2 x 2 samples), and one
-# idle Ray worker fewer.
-if [ "${VERL_BASE:-}" = 0.7.1 ]; then
-  CPU_OVERRIDES+=(
-    actor_rollout_ref.rollout.agent.num_workers=1
-    reward.num_workers=1
-  )
-  export RAY_num_workers_soft_limit="${RAY_num_workers_soft_limit:-1}"
-  LAUNCH_ENV+=(RAY_num_workers_soft_limit)
-fi
+# What the base needs on top on CPU: its [bases."B"] cpu_overrides and cpu_env in recipe.toml (say why there),
+# resolved by the launcher; an environment variable the user set wins over cpu_env.
+# shellcheck disable=SC2154  # BASE_CPU_OVERRIDES, BASE_CPU_ENV: the launcher's, from `ascend_rl resolve`
+CPU_OVERRIDES+=("${BASE_CPU_OVERRIDES[@]}")
+for pair in "${BASE_CPU_ENV[@]}"; do
+  name="${pair%%=*}"
+  export "$name=${!name:-${pair#*=}}"
+  LAUNCH_ENV+=("$name")
+done

@@ -40,17 +40,18 @@ export HCCL_NPU_SOCKET_PORT_RANGE="${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}"
 export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"
 export ASCEND_GLOBAL_LOG_LEVEL="${ASCEND_GLOBAL_LOG_LEVEL:-3}"
 export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
-VERL_BASE="${VERL_BASE:-$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")}"
-if [ "$PROFILE" = cpu ]; then
-  VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"  # the tree the CPU profile runs (cpu_profile.sh)
-  NPUS_PER_NODE="${NPUS_PER_NODE:-1}"
-fi
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
-export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+[ "$PROFILE" != cpu ] || NPUS_PER_NODE="${NPUS_PER_NODE:-1}"
 
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+# The base (VERL_BASE, else recipe.toml's default_base) and its tree, resolved as the launcher resolves them
+# (the CPU profile's tree is verl-<base>-cpu); an unknown base: one line, exit 2.
+resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "${VERL_BASE:-}" --profile "$PROFILE" --shell)" \
+  || exit 2
+eval "$resolved"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
+export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ray") is None)' 2>/dev/null || {
   echo "$(basename "$0"): $PYTHON has no ray; install the stack into it or set PYTHON to the Python ray is installed in" >&2
   exit 1
@@ -64,7 +65,8 @@ case " $* " in *" --dry-run "*) ;; *)
   if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
     (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
     SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
-    export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/ray_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+    RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/ray_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+    export RECIPES_SHM_RECORD
     PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$PYTHONPATH"
   fi ;;
 esac

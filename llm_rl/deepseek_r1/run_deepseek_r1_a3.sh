@@ -56,14 +56,21 @@ while [ $# -gt 0 ]; do
     *) ARGS+=("$1"); shift ;;
   esac
 done
-# The base: --base / VERL_BASE, else recipe.toml's default_base (the preflight refuses one the recipe lacks).
-[ -n "$VERL_BASE" ] || VERL_BASE="$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")"
-
+case "$PROFILE" in
+  npu|cpu) ;;
+  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
+esac
 # shellcheck source=llm_rl/deepseek_r1/env.sh
 source "$RECIPE_DIR/env.sh"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+# The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
+# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV.
+# An unknown base or profile: one line, exit 2 (python3 -m ascend_rl resolve --help).
+resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
+  || exit 2
+eval "$resolved"
 # its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
 PYTHON_PATH="$(command -v "$PYTHON")"
 case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
@@ -73,17 +80,16 @@ case "$PROFILE" in
     # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
     MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
-    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_TREE}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # main_ppo starts its own Ray with these (the user's PYTHONPATH last)
     RUN_PYTHONPATH="$RECIPES_CPU_PYTHONPATH"
     # shellcheck source=cpu_profile.sh
     source "$RECIPE_DIR/cpu_profile.sh" ;;
-  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
 esac
 
 NNODES="${NNODES:-16}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/DeepSeek-R1-bf16}"
 MCORE_DIR="${MCORE_DIR:-$RECIPE_DIR/model/DeepSeek-R1-mcore}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
@@ -173,36 +179,8 @@ OVERRIDES=(
   trainer.experiment_name="$RUN_NAME"
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
 )
-# What each base's rollout takes.
-case "$VERL_BASE" in
-  0.6.0) OVERRIDES+=(
-    # The seed found sleep mode not freeing device memory across A3 nodes: patch ds-0004's explicit weight
-    # onload/offload and KV-cache init/free replace it. Re-allocated buffers would leave captured graphs
-    # pointing at old addresses, so this path runs eager. Where vLLM-Ascend's sleep mode does free it
-    # (README, "Sleep mode or explicit offload"), graph mode instead:
-    #   actor_rollout_ref.rollout.explicit_offload=False actor_rollout_ref.rollout.enforce_eager=False
-    actor_rollout_ref.rollout.mode=sync
-    actor_rollout_ref.rollout.explicit_offload=True
-    actor_rollout_ref.rollout.enforce_eager=True
-    # vLLM-Ascend 0.13.0 additional_config, declared by patch ds-0003 (the seed's 0.9-era torchair and
-    # ascend-scheduler keys are gone in 0.13.0; README, "Optimisations").
-    'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
-  ) ;;
-  *) OVERRIDES+=(
-    # verl 0.7.1 has only the server-mode rollout. Explicit offload as on 0.6.0, in the server's release /
-    # resume (patch ds-0104; vLLM-Ascend 0.13.0's sleep mode still leaves device memory behind), so sleep
-    # mode is off (0.7.1's rollout config has no key for it, hence the +) and the engine runs eager.
-    actor_rollout_ref.rollout.mode=async
-    actor_rollout_ref.rollout.explicit_offload=True
-    actor_rollout_ref.rollout.enforce_eager=True
-    +actor_rollout_ref.rollout.enable_sleep_mode=False
-    # declared on 0.7.1 by patch ds-0103; the server hands it to vLLM-Ascend as JSON
-    'actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config={multistream_overlap_shared_expert:true}'
-    # 0.7.1 exports the actor's weights through mbridge by default; per_tensor_generator (verl's own weight
-    # converter) is where patch ds-0106 routes each expert to its rollout ranks
-    actor_rollout_ref.actor.megatron.use_mbridge=False
-  ) ;;
-esac
+# What the base's rollout takes: its [bases."B"] overrides in recipe.toml (the reasons are there), resolved above.
+OVERRIDES+=("${BASE_OVERRIDES[@]}")
 case "$VARIANT" in
   real) OVERRIDES+=(
     actor_rollout_ref.rollout.data_parallel_size=64
@@ -287,7 +265,8 @@ fi
 if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
   (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
   SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
-  export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  export RECIPES_SHM_RECORD
   TRAINER_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$TRAINER_PYTHONPATH"
 fi
 export PYTHONPATH="$TRAINER_PYTHONPATH"

@@ -8,7 +8,7 @@
 # never the tree an NPU launch uses. `make e2e` drives this profile; see the recipe README.
 # shellcheck shell=bash disable=SC2034
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE-cpu}"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"  # verl-<base>-cpu (the launcher's `ascend_rl resolve --profile cpu`)
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu --made-by 'make e2e')
@@ -81,16 +81,12 @@ if [ "$RANKS" -gt 1 ]; then
   CPU_OVERRIDES+=(actor_rollout_ref.rollout.tensor_model_parallel_size=1)
 fi
 
-# What verl 0.7.1 (VERL_BASE=0.7.1: its server-mode rollout) needs on top on CPU. vLLM's CPU platform has no
-# sleep mode, and 0.7.1's rollout config has no enable_sleep_mode key to turn it off (hence the +); the model's
-# default attention (flash-attn) does not exist on CPU; one reward-loop worker instead of 8, each ~1 GiB.
-if [ "${VERL_BASE:-}" = 0.7.1 ]; then
-  CPU_OVERRIDES+=(
-    +actor_rollout_ref.rollout.enable_sleep_mode=False
-    +actor_rollout_ref.model.override_config.attn_implementation=sdpa
-    reward.num_workers=1
-  )
-  # One idle Ray worker fewer (~0.7 GiB): the run's peak stays under 10 GiB on this profile.
-  export RAY_num_workers_soft_limit="${RAY_num_workers_soft_limit:-1}"
-  LAUNCH_ENV+=(RAY_num_workers_soft_limit)
-fi
+# What the base needs on top on CPU: its [bases."B"] cpu_overrides and cpu_env in recipe.toml (say why there),
+# resolved by the launcher; an environment variable the user set wins over cpu_env.
+# shellcheck disable=SC2154  # BASE_CPU_OVERRIDES, BASE_CPU_ENV: the launcher's, from `ascend_rl resolve`
+CPU_OVERRIDES+=("${BASE_CPU_OVERRIDES[@]}")
+for pair in "${BASE_CPU_ENV[@]}"; do
+  name="${pair%%=*}"
+  export "$name=${!name:-${pair#*=}}"
+  LAUNCH_ENV+=("$name")
+done

@@ -46,22 +46,12 @@ while [ "$#" -gt 0 ]; do
     *) ARGS+=("$arg") ;;
   esac
 done
-# The base: --base / VERL_BASE, else recipe.toml's default_base (the preflight refuses one the recipe lacks).
-[ -n "$VERL_BASE" ] || VERL_BASE="$(sed -n 's/^default_base = "\(.*\)".*/\1/p' "$RECIPE_DIR/recipe.toml")"
-# What a base needs on top of the recipe's overrides: 0.7.1 has only the server-mode (async) rollout.
-case "$VERL_BASE" in
-  0.7.1) BASE_OVERRIDES=(actor_rollout_ref.rollout.mode=async) ;;
-  *) BASE_OVERRIDES=() ;;
-esac
 # A card count: digits, not zero however written (00 too); run_qwen2_5_1_5b_single.sh refuses the same way.
 # Checked before the profiles: the CPU profile sizes its trainer ranks by it.
 case "$NPUS" in ''|*[!0-9]*) npus_count=0 ;; *) npus_count=$((10#$NPUS)) ;; esac
 [ "$npus_count" -gt 0 ] || { echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
 case "$PROFILE" in
-  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
-  cpu)
-    # shellcheck source=cpu_profile.sh
-    source "$RECIPE_DIR/cpu_profile.sh" ;;
+  npu|cpu) ;;
   *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
 esac
 
@@ -72,6 +62,18 @@ fi
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+# The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
+# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV.
+# An unknown base: one line, exit 2 (python3 -m ascend_rl resolve --help).
+resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve qwen2_5 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
+  || exit 2
+eval "$resolved"
+case "$PROFILE" in
+  npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=() ;;
+  cpu)
+    # shellcheck source=cpu_profile.sh
+    source "$RECIPE_DIR/cpu_profile.sh" ;;
+esac
 
 # The environment of cann-recipes-train's guide (vLLM V1 engine, no FRACTAL_NZ weights, allocator split size).
 export VLLM_USE_V1=1
@@ -89,7 +91,7 @@ if [ -z "${ASCEND_RT_VISIBLE_DEVICES:-}" ]; then
 fi
 export ASCEND_RT_VISIBLE_DEVICES
 
-VERL_DIR="${VERL_DIR:-$RECIPE_DIR/verl-$VERL_BASE}"
+VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 MODEL_DIR="${MODEL_DIR:-$RECIPE_DIR/model/Qwen2_5_1_5B_Instruct}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/math}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
@@ -179,7 +181,8 @@ cd "$REPO_DIR"
 if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
   (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
   SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
-  export RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
+  export RECIPES_SHM_RECORD
   TRAINER_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$TRAINER_PYTHONPATH"
 fi
 export PYTHONPATH="$TRAINER_PYTHONPATH"

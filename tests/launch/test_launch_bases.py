@@ -32,14 +32,21 @@ def test_the_base_reaches_the_plan(how, tmp_path, verl_tree):
     assert plan["verl"]["base"]["version"] == "0.6.0" and plan["verl"]["version"] == "0.6.0"
 
 
-def test_an_unknown_base_is_refused_in_one_line(tmp_path, verl_tree):
-    proc = run_launcher(LAUNCHERS[0], ["--dry-run", "--base", "9.9.9"], launcher_env(tmp_path, verl_tree))
-    bases = ", ".join(manifest.load_recipe("qwen2_5").bases)
-    assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"preflight: error: recipe qwen2_5 has no verl base 9.9.9; its bases: {bases} "
-        f"(default {manifest.load_recipe('qwen2_5').default})"
-    )
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_an_unknown_base_is_refused_in_one_line_the_same_by_every_launcher(script, tmp_path, verl_tree):
+    """Both recipes' launchers resolve the base through `ascend_rl resolve` (one reader of recipe.toml): the same
+    line and exit 2 before anything is checked or started, never another base's behaviour."""
+    recipe = manifest.load_recipe(script.parent.name)
+    proc = run_launcher(script, ["--dry-run", "--base", "9.9.9"], launcher_env(tmp_path, verl_tree))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"resolve: error: recipe {recipe.name} has no verl base 9.9.9; its bases: {', '.join(recipe.bases)} "
+        f"(default {recipe.default})"
+    ]
+    assert proc.stdout == ""
+
+
+def test_a_missing_base_value_is_a_usage_error(tmp_path, verl_tree):
     missing = run_launcher(LAUNCHERS[0], ["--dry-run", "--base"], launcher_env(tmp_path, verl_tree))
     assert missing.returncode == 2 and "--base needs a version" in missing.stderr
 
@@ -95,3 +102,17 @@ def test_the_deepseek_launcher_on_0_7_1_takes_the_server_mode_rollout_and_its_po
         "multistream_overlap_shared_expert"
         in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]
     )
+
+
+def test_ray_start_resolves_the_base_as_the_launcher_does(tmp_path, verl_tree):
+    script = LAUNCHERS[2].parent / "ray_start.sh"
+    env = launcher_env(tmp_path, verl_tree, VERL_BASE="9.9.9")
+    env.pop("VERL_DIR")
+    bad = run_launcher(script, ["--head", "--nodes", "2", "--dry-run"], env)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith(
+        "resolve: error: recipe deepseek_r1 has no verl base"
+    )
+    env["VERL_BASE"] = "0.7.1"
+    good = run_launcher(script, ["--head", "--nodes", "2", "--cpu", "--dry-run"], env)
+    assert good.returncode == 0, good.stderr
+    assert "with verl 0.7.1 from " + str(LAUNCHERS[2].parent / "verl-0.7.1-cpu") in good.stderr
