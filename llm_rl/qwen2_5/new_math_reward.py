@@ -1084,6 +1084,20 @@ def _unit_name(unit: str) -> str:
     return _UNIT_SPELLINGS.get(word, word) + power
 
 
+_ONE_LETTER_UNITS = frozenset("mgsh")  # \text{ m} is metres; \mathrm{i} or \text{e} is no unit
+
+
+def _measures(a: str, t: str) -> bool:
+    """Each unit word that ends a or t names a unit (cm, inches, miles), not a letter that may be a number."""
+    for side in (a, t):
+        unit = _UNIT_WORD_RE.search(side)
+        if unit is not None:
+            word = re.sub(r"\\[a-z]+\{|[}^{23.]", "", unit.group()).lower()
+            if len(word) < 2 and word not in _ONE_LETTER_UNITS:
+                return False
+    return True
+
+
 _DEGREES_RE = re.compile(r"\^\\circ$")
 _PERCENT_RE = re.compile(r"\\?%$")
 _BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
@@ -1524,6 +1538,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
         # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
         return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
+    if (aw != a or tw != t) and (ap, tp) == (aw, tw) and _measures(a, t):
+        return (
+            verdict  # 6\text{ cm} for 5, 500 for 5\text{ m}: the numbers decide, as they do for math_verify
+        )
     both_percent = ap != au and tp != tu and (a, t) == (aw, tw) and (au, tu) == (aw, tw)
     if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True and not both_percent:
         return None  # (35\% against 34\%: the same sign both sides, the numbers decide)  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
