@@ -1539,9 +1539,8 @@ def _verdict_one(a: str, t: str) -> bool | None:
         return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
     if (aw != a or tw != t) and (ap, tp) == (aw, tw) and _measures(a, t):
-        return (
-            verdict  # 6\text{ cm} for 5, 500 for 5\text{ m}: the numbers decide, as they do for math_verify
-        )
+        # 6\text{ cm} for 5, 500 for 5\text{ m}: the numbers decide, as they do for math_verify
+        return verdict
     both_percent = ap != au and tp != tu and (a, t) == (aw, tw) and (au, tu) == (aw, tw)
     if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True and not both_percent:
         return None  # (35\% against 34\%: the same sign both sides, the numbers decide)  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
