@@ -397,6 +397,9 @@ def faults(versions: dict[str, Path], args) -> None:
 WORKLOAD_PATH = (
     REPO / "tests" / "qwen2_5" / "reward_policy_workload.jsonl"
 )  # reward_cases.policy_answers(512, 47)
+HELDOUT_PATH = (
+    REPO / "tests" / "qwen2_5" / "reward_policy_heldout.jsonl"
+)  # reward_cases.policy_answers_heldout(768, 4747): held out from the exact rules
 ORIGINAL_ENV = "ORIGINAL_MATH_REWARD"  # a path to the original recipe's new_math_reward.py
 ORIGINAL_MIRROR = Path(
     "/work/.mirror/hicann+cann-recipes-train/repo"
@@ -430,10 +433,12 @@ def original_file(option: str | None) -> tuple[Path | None, str]:
     return path, f"{mirror} HEAD:{ORIGINAL_IN_MIRROR}"
 
 
-def policy_workload(hostile_rate: float, seed: int) -> list[tuple[str, str, bool | None]]:
-    """The kept policy-shaped answers (64 prompts x 8 samples), hostile_rate of them replaced by hostile ones
+def policy_workload(
+    hostile_rate: float, seed: int, path: Path = WORKLOAD_PATH
+) -> list[tuple[str, str, bool | None]]:
+    """The kept policy-shaped answers (8 samples a prompt), hostile_rate of them replaced by hostile ones
     (labelled None: the labels say which spelling is right, and a hostile answer is no spelling)."""
-    rows = [json.loads(line) for line in WORKLOAD_PATH.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     items = [(r["response"], r["ground_truth"], r["right"]) for r in rows]
     rng = random.Random(seed)
     for k, index in enumerate(rng.sample(range(len(items)), round(len(items) * hostile_rate))):
@@ -484,7 +489,8 @@ def _measure(path: Path, how: str, items, warm, workers: int | None) -> dict:
 def policy(args, versions: dict[str, Path]) -> None:
     """The policy-shaped workload through the original recipe's reward and this one, each in a fresh process,
     in rotated order, args.reps times; answers per second, the ratio and each one's accuracy on the labels."""
-    items = policy_workload(args.hostile_rate, args.seed)
+    path = Path(args.workload)
+    items = policy_workload(args.hostile_rate, args.seed, path)
     warm = [(a, t, ok) for a, t, ok in reward_cases.policy_answers(16, args.seed + 1000)]
     module = _load_file(REWARD_PATH, "reward_policy_now")
     left = left_to_sympy(module, [(a, t) for a, t, _ in items])
@@ -492,7 +498,7 @@ def policy(args, versions: dict[str, Path]) -> None:
     hostile = sum((a, t) in HOSTILE for a, t, _ in items)
     right = sum(ok is True for *_, ok in items)
     print(
-        f"\npolicy-shaped answers ({WORKLOAD_PATH.name}: {len(items)} = 64 prompts x 8 samples, {right} right, "
+        f"\npolicy-shaped answers ({path.name}: {len(items)} = {len(items) // 8} prompts x 8 samples, {right} right, "
         f"{hostile} hostile); left to sympy by the cheap checks: {left}/{len(items)} ({left / len(items):.1%})"
     )
     original, where = original_file(args.original)
@@ -576,6 +582,12 @@ def main(argv: list[str] | None = None) -> int:
         "cann-recipes-train mirror; skipped with the reason when none is found)",
     )
     parser.add_argument("--reps", type=int, default=3, help="fresh-process runs of each contender (policy)")
+    parser.add_argument(
+        "--workload",
+        default=str(WORKLOAD_PATH),
+        help=f"the policy scenario's answers, a JSONL of response, ground_truth, right (default {WORKLOAD_PATH.name}; "
+        f"{HELDOUT_PATH.name} is the held-out one)",
+    )
     args = parser.parse_args(argv)
     if args.n < 1 or not 0 <= args.hostile_rate <= 1 or not 0 <= args.sympy_share <= 1 or args.timeout <= 0:
         parser.error("--n must be >= 1, --hostile-rate and --sympy-share within [0, 1] and --timeout > 0")

@@ -83,6 +83,7 @@ ZYGOTE_STARTUP_TIMEOUT_S = 60.0  # a zygote that has not imported math_verify by
 FAST_SLICE_S = 0.1  # CPU an answer uses before it can be made to wait for answers that have had less
 QUANTUM_S = 0.05  # after that, it yields its place to one that has had this much less CPU
 BATCH_THREADS_PER_WORKER = 4
+WORKER_GOLDS = 1024  # truths a worker is remembered to have parsed (its parse cache holds 4096 strings)
 MAX_LIVE_WORKERS = 64  # running and waiting workers at most (per pool: at least 8 per running place)
 WALL_BACKSTOP_FACTOR = 60  # an answer still unanswered after this many bounds of wall time is given up
 MAX_ATTEMPTS = 8  # helper deaths under one answer before it is taken for one that crashes them
@@ -642,9 +643,14 @@ def _hedged(scope: str) -> bool:
     return len(runs) >= 2 and bool(_RANGE_JOIN_RE.match(scope[runs[-2].end() : runs[-1].start()]))
 
 
-def _several_allowed(truths: tuple[str, ...]) -> bool:
-    """The truth is itself several values, an interval or an inequality: answers of that kind are judged."""
-    return any(_SEVERAL_TRUTH_RE.search(_unicode(t)) or _interval(_norm(t)) is not None for t in truths)
+def _several_allowed(truths: tuple[str, ...], normed: tuple[str, ...] | None = None) -> bool:
+    """The truth is itself several values, an interval or an inequality: answers of that kind are judged.
+    normed: the truths through _norm, where already worked out."""
+    normed = normed if normed is not None else tuple(_norm(t) for t in truths)
+    return any(
+        _SEVERAL_TRUTH_RE.search(_unicode(t)) or _interval(n) is not None
+        for t, n in zip(truths, normed, strict=True)
+    )
 
 
 # ---------------------------------------------------------------- format and chain of thought
@@ -1078,6 +1084,20 @@ def _unit_name(unit: str) -> str:
     return _UNIT_SPELLINGS.get(word, word) + power
 
 
+_ONE_LETTER_UNITS = frozenset("mgsh")  # \text{ m} is metres; \mathrm{i} or \text{e} is no unit
+
+
+def _measures(a: str, t: str) -> bool:
+    """Each unit word that ends a or t names a unit (cm, inches, miles), not a letter that may be a number."""
+    for side in (a, t):
+        unit = _UNIT_WORD_RE.search(side)
+        if unit is not None:
+            word = re.sub(r"\\[a-z]+\{|[}^{23.]", "", unit.group()).lower()
+            if len(word) < 2 and word not in _ONE_LETTER_UNITS:
+                return False
+    return True
+
+
 _DEGREES_RE = re.compile(r"\^\\circ$")
 _PERCENT_RE = re.compile(r"\\?%$")
 _BASE_RE = re.compile(r"(?:\\text\{(\w+)\}|\((\w+)\)|([0-9A-Za-z]+))_(?:\{(\d{1,2})\}|(\d))")
@@ -1472,11 +1492,31 @@ def _log_verdict(a: str, t: str) -> bool | None:
     base_a, base_t = _real(ma.group(1) or ma.group(2)), _real(mt.group(1) or mt.group(2))
     arg_a = _real(next(g for g in ma.groups()[2:] if g))
     arg_t = _real(next(g for g in mt.groups()[2:] if g))
-    if None in (base_a, base_t, arg_a, arg_t) or base_a != base_t or base_a <= 0 or base_a == 1:
+    if (
+        None in (base_a, base_t, arg_a, arg_t)
+        or min(base_a, base_t, arg_a, arg_t) <= 0
+        or 1 in (base_a, base_t)
+    ):
         return None
-    if arg_a <= 0 or arg_t <= 0:
+    if base_a == base_t:
+        return arg_a == arg_t
+    # \log_3 34 against \log_2 34: told apart when their values differ by far more than rounding can make
+    # (math_verify spends most of a second on it in sympy); values this close are left to sympy
+    try:
+        value_a, value_t = _ln(arg_a) / _ln(base_a), _ln(arg_t) / _ln(base_t)
+    except (ValueError, OverflowError, ZeroDivisionError):
         return None
-    return arg_a == arg_t
+    return False if abs(value_a - value_t) > LOG_APART * max(1.0, abs(value_t)) else None
+
+
+LOG_APART = 1e-9  # relative gap between two logarithms' float values that rounding cannot make
+
+
+def _ln(x: Fraction | float) -> float:
+    """The natural logarithm of a positive rational, however large its numerator and denominator."""
+    if isinstance(x, Fraction):
+        return math.log(x.numerator) - math.log(x.denominator)
+    return math.log(x)
 
 
 def _verdict_one(a: str, t: str) -> bool | None:
@@ -1518,18 +1558,22 @@ def _verdict_one(a: str, t: str) -> bool | None:
         # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
         return _key_verdict(a, t) if (a, t) == (ap, tp) else None
     verdict = _numeric_verdict(av, tv)
+    if (aw != a or tw != t) and (ap, tp) == (aw, tw) and _measures(a, t):
+        # 6\text{ cm} for 5, 500 for 5\text{ m}: the numbers decide, as they do for math_verify
+        return verdict
     both_percent = ap != au and tp != tu and (a, t) == (aw, tw) and (au, tu) == (aw, tw)
     if (ap != au or tp != tu or aw != a or tw != t) and verdict is not True and not both_percent:
         return None  # (35\% against 34\%: the same sign both sides, the numbers decide)  # 0.5 may be meant for 50\%, 500 for 5 m in cm: what math_verify makes of it stands
     return verdict
 
 
-def fast_verdict(answer: str, truths: tuple[str, ...]) -> bool | None:
-    """True/False when spelling or exact arithmetic decides, None when sympy must."""
+def fast_verdict(answer: str, truths: tuple[str, ...], normed: tuple[str, ...] | None = None) -> bool | None:
+    """True/False when spelling or exact arithmetic decides, None when sympy must; normed: the truths already
+    through _norm (a _Gold's, shared by the answers to one prompt)."""
     a = _norm(answer)
     if not a:
         return None
-    verdicts = [_verdict_one(a, _norm(t)) for t in truths]
+    verdicts = [_verdict_one(a, t) for t in (normed if normed is not None else map(_norm, truths))]
     if True in verdicts:
         return True
     return False if verdicts and all(v is False for v in verdicts) else None
@@ -1883,6 +1927,7 @@ class _Worker:
         self.pid, self.sock, self.pidfd = pid, sock, pidfd
         self.warm = warm  # forked after the zygote's warm-up: its first answer pays no parser set-up
         self.cpu_base = 0.0  # the worker's CPU time when its current request began
+        self.golds: set[tuple] = set()  # the truths it has been sent (its parse cache holds them)
 
     def fresh(self) -> bool:
         """True while the idle worker is alive: an idle worker's socket has nothing to say until it dies."""
@@ -2067,8 +2112,14 @@ class _Pool:
                 zygote = self.zygote = _Zygote()
             return zygote
 
-    def _take(self) -> _Worker:
+    def _take(self, gold: tuple | None = None) -> _Worker:
+        """An idle worker (one that has parsed gold already where there is one), else a new one."""
         with self.cond:
+            if gold is not None:  # its parse cache holds the truth: it need not parse it again
+                for at in range(len(self.idle) - 1, -1, -1):
+                    if gold in self.idle[at].golds:
+                        self.idle.append(self.idle.pop(at))
+                        break
             while self.idle:
                 worker = self.idle.pop()
                 if worker.fresh():
@@ -2134,16 +2185,20 @@ class _Pool:
         with self.cond:
             return bool(self.waiting) and min(self.waiting)[0] + QUANTUM_S <= attained
 
-    def _attempt(self, data: bytes, budget: float) -> tuple[str, float]:
+    def _attempt(self, data: bytes, budget: float, gold: tuple | None = None) -> tuple[str, float]:
         """One try on one worker: ('equal' | 'different' | 'timeout' | 'cold' | 'died' | 'nostart', CPU seconds)."""
         with self.live:
             self._acquire(0.0)
             holding, worker, used, reusable = True, None, 0.0, False
             try:
                 try:
-                    worker = self._take()
+                    worker = self._take(gold)
                 except _WorkerDied:  # no worker could be had (the zygote died): not the answer's doing
                     return "nostart", 0.0
+                if gold is not None:
+                    if len(worker.golds) >= WORKER_GOLDS:
+                        worker.golds.clear()
+                    worker.golds.add(gold)
                 worker.send(data)
                 running = 0.0  # wall time the worker has been let run on this answer
                 while True:
@@ -2178,8 +2233,9 @@ class _Pool:
                 if holding:
                     self._release()
 
-    def verify(self, request: dict, timeout: float) -> tuple[bool | None, bool]:
-        """(equal, timed_out); equal is None when math_verify could not be run on the answer."""
+    def verify(self, request: dict, timeout: float, gold: tuple | None = None) -> tuple[bool | None, bool]:
+        """(equal, timed_out); equal is None when math_verify could not be run on the answer.  gold: the
+        truths it is checked against, to send it to an idle helper that has parsed them already."""
         data = json.dumps(request).encode()
         spent = 0.0
         deaths = starts = 0
@@ -2187,7 +2243,7 @@ class _Pool:
             if self.fatal is not None:
                 return None, False
             try:
-                outcome, used = self._attempt(data, timeout - spent)
+                outcome, used = self._attempt(data, timeout - spent, gold)
             except _Unavailable:
                 return None, False
             if outcome == "nostart":
@@ -2295,21 +2351,27 @@ def shutdown() -> None:
 
 
 def _verify(
-    answer: _Answer, truths: tuple[str, ...], timeout: float, workers: int | None, caller_only: bool = False
+    answer: _Answer,
+    truths: tuple[str, ...],
+    timeout: float,
+    workers: int | None,
+    caller_only: bool = False,
+    gold: _Gold | None = None,
 ) -> tuple[bool, bool] | None:
     """(correct, timed_out) through the cache, the cheap verdicts and the worker pool; with caller_only, None
-    where the answer needs the pool."""
+    where the answer needs the pool.  gold: truths parsed once for every answer that shares them."""
     key = (answer.text, answer.boxed, truths, answer.others)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key], False
-    verdict = fast_verdict(answer.text, truths)
+    gold = gold if gold is not None and gold.texts == truths else _Gold(truths)
+    verdict = fast_verdict(answer.text, truths, gold.normed)
     timed_out = False
     if verdict is None or verdict and answer.others:
         if is_hostile(answer.text):
             return False, False
-        sane = tuple(_for_sympy(t) for t in truths if not is_hostile(t))
+        sane = gold.sane
         if not sane:
             return False, False
         if caller_only:
@@ -2321,7 +2383,7 @@ def _verify(
             "truths": None if verdict else list(sane),
             "others": [_for_sympy(o) for o in answer.others],
         }
-        equal, timed_out = pool.verify(request, timeout)
+        equal, timed_out = pool.verify(request, timeout, sane)
         if equal is None:
             if pool.fatal is not None:  # it stopped importing since the first call (the package was removed)
                 pool.check()
@@ -2371,6 +2433,54 @@ def _truths(ground_truth: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+class _Gold:
+    """One prompt's truths, parsed once per step for all the answers that share them (GRPO's n samples): the
+    accepted strings, each through _norm, what math_verify's helpers are sent, and whether several values are
+    allowed.  Each part is worked out on first use, so a truth no answer needs sympy for is never made ready for
+    it."""
+
+    __slots__ = ("texts", "_normed", "_sane", "_several")
+
+    def __init__(self, texts: tuple[str, ...]) -> None:
+        self.texts = texts
+        self._normed: tuple[str, ...] | None = None
+        self._sane: tuple[str, ...] | None = None
+        self._several: bool | None = None
+
+    @property
+    def normed(self) -> tuple[str, ...]:
+        if self._normed is None:
+            self._normed = tuple(_norm(t) for t in self.texts)
+        return self._normed
+
+    @property
+    def sane(self) -> tuple[str, ...]:
+        if self._sane is None:
+            self._sane = tuple(_for_sympy(t) for t in self.texts if not is_hostile(t))
+        return self._sane
+
+    @property
+    def several(self) -> bool:
+        if self._several is None:
+            self._several = _several_allowed(self.texts, self.normed)
+        return self._several
+
+
+def _parse_truth(ground_truth: Any) -> _Gold:
+    """A ground truth as the scoring reads it; compute_score_batch calls this once per distinct truth."""
+    return _Gold(_truths(ground_truth))
+
+
+def _truth_key(value: Any) -> tuple | None:
+    """A key equal for equal ground truths (1 and 1.0 and True apart), None where there is none."""
+    if isinstance(value, list | tuple):
+        keys = tuple(_truth_key(v) for v in value)
+        return None if None in keys else ("seq", keys)
+    if isinstance(value, str | bytes | int | float | Fraction) or value is None:
+        return (type(value).__name__, value)
+    return None
+
+
 def _zero(**extra: Any) -> dict[str, Any]:
     result = {"score": 0.0, "accuracy": 0.0, "format": 0.0, "cot": 0.0, "correct": False, "timed_out": False}
     result.update(extra)
@@ -2382,19 +2492,22 @@ class _Prepared(NamedTuple):
     truths: tuple[str, ...]
     fmt: int = 0
     cot: int = 0
+    gold: _Gold | None = None
 
 
-def _prepare(solution_str: Any, ground_truth: Any) -> _Prepared:
+def _prepare(solution_str: Any, ground_truth: Any, gold: _Gold | None = None) -> _Prepared:
+    """The answer read from solution_str and the truths; gold, where given, is ground_truth already parsed."""
     response = _as_text(solution_str)
-    truths = _truths(ground_truth)
+    gold = gold if gold is not None else _parse_truth(ground_truth)
+    truths = gold.texts
     if response is None or not truths:
         return _Prepared(None, truths)
     answer = extract_answer(response)
     if answer.text is None or answer.ambiguous:
         return _Prepared(None, truths)
-    if not _several_allowed(truths) and _hedged(answer.scope):  # 4 but maybe 5, at least 5: see _hedged
+    if not gold.several and _hedged(answer.scope):  # 4 but maybe 5, at least 5: see _hedged
         return _Prepared(None, truths)
-    return _Prepared(answer, truths, format_milli(response), cot_milli(response))
+    return _Prepared(answer, truths, format_milli(response), cot_milli(response), gold)
 
 
 def _finish(prep: _Prepared, correct: bool, timed_out: bool) -> dict[str, Any]:
@@ -2439,7 +2552,7 @@ def compute_score_dict(
         prep = _prepare(solution_str, ground_truth)
         if prep.answer is None:
             return _zero()
-        correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers)
+        correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers, gold=prep.gold)
         return _finish(prep, correct, timed_out)
     except MathVerifyUnavailable:
         raise
@@ -2476,9 +2589,16 @@ def compute_score_batch(
     truths += [None] * (len(responses) - len(truths))
     results: list[dict[str, Any]] = [_zero() for _ in responses]
     preps: list[_Prepared | None] = []
+    golds: dict[tuple, _Gold] = {}  # each distinct truth parsed once for the step (GRPO: n answers share one)
     for response, truth in zip(responses, truths, strict=False):
         try:
-            preps.append(_prepare(response, truth))
+            key = _truth_key(truth)
+            gold = golds.get(key) if key is not None else None
+            if gold is None:
+                gold = _parse_truth(truth)
+                if key is not None:
+                    golds[key] = gold
+            preps.append(_prepare(response, truth, gold))
         except Exception:  # noqa: BLE001
             preps.append(None)
 
@@ -2488,7 +2608,7 @@ def compute_score_batch(
         if prep is None or prep.answer is None:
             return True
         try:
-            verdict = _verify(prep.answer, prep.truths, timeout, workers, caller_only)
+            verdict = _verify(prep.answer, prep.truths, timeout, workers, caller_only, prep.gold)
             if verdict is None:
                 return False
             results[i] = _finish(prep, *verdict)
@@ -2501,6 +2621,9 @@ def compute_score_batch(
     # what the cache and the cheap checks decide is decided here, in this thread: no thread pool for it
     pending = [i for i in range(len(responses)) if not score(i, caller_only=True)]
     if pending:
+        # one truth's answers one after another, so that they meet the helper that has already parsed it
+        first: dict[int, int] = {}
+        pending.sort(key=lambda i: first.setdefault(id(preps[i].gold), i))
         # more callers than running places, so that ordinary answers pass a slow one instead of queueing
         threads = min(len(pending), BATCH_THREADS_PER_WORKER * (workers or _default_workers()))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="math-reward") as executor:

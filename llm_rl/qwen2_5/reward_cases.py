@@ -526,3 +526,90 @@ def policy_answers(n: int, seed: int) -> list[tuple[str, str, bool]]:
             answer = rng.choice(right if correct else wrong)
             out.append((_policy_response(rng, answer, rng.choice(wrong)), truth, correct))
     return out[:n]
+
+
+# ---------------------------------------------------------------- held-out policy answers (issue 47)
+#
+# A second policy-shaped workload, held out from the exact rules written for the first: other seeds and size,
+# half its prompts of answer kinds policy_answers never draws (dollars, degrees, units in words and squared units,
+# powers of ten, negative fractions, roots over integers) and two more ways of writing the final box.
+# tests/qwen2_5/reward_policy_heldout.jsonl is policy_answers_heldout(768, 4747), kept as test data.
+
+
+def _heldout_problem(rng) -> tuple[str, str, list[str], list[str]]:
+    """(kind, truth, right spellings, near misses) in kinds the first workload does not hold."""
+    a, b = rng.randint(2, 40), rng.randint(2, 40)
+    b += b == a
+    k, m = rng.randint(2, 9), rng.choice([2, 3, 5, 6, 7, 10, 11, 13])
+    kind = rng.choice(["dollars", "degrees", "unit word", "square unit", "power of ten", "negative", "surd"])
+    if kind == "dollars":
+        return kind, f"\\${a}", [f"\\${a}", f"{a}", f"\\${a}.00"], [f"\\${a + 1}", f"{b}"]
+    if kind == "degrees":
+        return (
+            kind,
+            f"{a}^\\circ",
+            [f"{a}^\\circ", f"{a}", f"{a}^{{\\circ}}", f"{a} \\text{{ degrees}}"],
+            [f"{a + 1}^\\circ", f"{b}"],
+        )
+    if kind == "unit word":
+        unit = rng.choice(["inches", "meters", "feet", "miles"])
+        return (
+            kind,
+            f"{a}\\text{{ {unit}}}",
+            [f"{a}\\text{{ {unit}}}", f"{a}", f"{a} \\text{{{unit}}}"],
+            [f"{a + 1}\\text{{ {unit}}}", f"{b}"],
+        )
+    if kind == "square unit":
+        return (
+            kind,
+            f"{a}\\text{{ cm}}^2",
+            [f"{a}\\text{{ cm}}^2", f"{a}"],
+            [f"{a + 1}\\text{{ cm}}^2", f"{a + 1}"],
+        )
+    if kind == "power of ten":
+        return (
+            kind,
+            f"{k}\\times 10^{{3}}",
+            [f"{k}\\times 10^3", f"{k}000", f"{k} \\cdot 10^{{3}}"],
+            [f"{k}\\times 10^4", f"{k}00"],
+        )
+    if kind == "negative":
+        return (
+            kind,
+            f"-\\frac{{{a}}}{{{a + b}}}",
+            [f"-\\frac{{{a}}}{{{a + b}}}", f"\\frac{{-{a}}}{{{a + b}}}", f"-{a}/{a + b}"],
+            [f"\\frac{{{a}}}{{{a + b}}}", f"-\\frac{{{a + b}}}{{{a}}}"],
+        )
+    return (
+        kind,
+        f"\\frac{{\\sqrt{{{m}}}}}{{{k}}}",
+        [f"\\frac{{\\sqrt{{{m}}}}}{{{k}}}", f"\\sqrt{{{m}}}/{k}", f"\\frac{{1}}{{{k}}}\\sqrt{{{m}}}"],
+        [f"\\frac{{\\sqrt{{{m}}}}}{{{k + 1}}}", f"\\frac{{{k}}}{{\\sqrt{{{m}}}}}"],
+    )
+
+
+def _heldout_response(rng, answer: str, earlier: str) -> str:
+    """Mostly _policy_response's shapes; a fifth in two it does not write (a bold Final Answer, a $\\boxed{}$)."""
+    if rng.random() >= 0.2:
+        return _policy_response(rng, answer, earlier)
+    steps = "".join(f"Step {i}: {rng.choice(_PROSE)}.\n" for i in range(1, rng.randint(2, 5)))
+    bare = answer[1:-1] if answer.startswith("$") and answer.endswith("$") else answer
+    if rng.random() < 0.5:
+        return f"<think>\n{steps}</think>\n<answer>\n**Final Answer**\n\\[\n\\boxed{{{bare}}}\n\\]\n</answer>"
+    return f"<think>\n{steps}</think>\n<answer>\nThe answer is $\\boxed{{{bare}}}$.\n</answer>"
+
+
+def policy_answers_heldout(n: int, seed: int) -> list[tuple[str, str, bool]]:
+    """n (response, truth, right) items, 8 samples per prompt, about 60 % right; half the prompts in kinds of
+    _heldout_problem, half of _policy_problem's with other numbers."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[str, str, bool]] = []
+    while len(out) < n:
+        _kind, truth, right, wrong = (_heldout_problem if rng.random() < 0.5 else _policy_problem)(rng)
+        for _ in range(8):
+            correct = rng.random() < 0.6
+            answer = rng.choice(right if correct else wrong)
+            out.append((_heldout_response(rng, answer, rng.choice(wrong)), truth, correct))
+    return out[:n]

@@ -47,3 +47,25 @@ def test_without_the_original_reward_the_policy_scenario_says_why(tmp_path, monk
     given.write_text("def compute_score(*a): return 0.0\n")
     monkeypatch.setenv(bench_reward.ORIGINAL_ENV, str(given))
     assert bench_reward.original_file(None) == (given, f"${bench_reward.ORIGINAL_ENV} {given}")
+
+
+def test_the_held_out_policy_workload_is_what_its_generator_writes():
+    """tests/qwen2_5/reward_policy_heldout.jsonl is reward_cases.policy_answers_heldout(768, 4747): 96 prompts
+    of 8, half in answer kinds the first workload does not hold."""
+    from llm_rl.qwen2_5 import reward_cases
+    from llm_rl.qwen2_5.bench_reward import HELDOUT_PATH, policy_workload
+
+    items = policy_workload(0.0, 0, HELDOUT_PATH)
+    assert items == reward_cases.policy_answers_heldout(768, 4747)
+    assert not set(items) & set(policy_workload(0.0, 0))
+
+
+def test_the_reward_agrees_with_the_held_out_workloads_labels(reward):
+    """No false positive and no miss on the 768 held-out answers (measured once before any rule saw them)."""
+    from llm_rl.qwen2_5.bench_reward import HELDOUT_PATH, policy_workload
+
+    items = policy_workload(0.0, 0, HELDOUT_PATH)
+    scores = reward.compute_score_batch(
+        ["s"] * len(items), [a for a, _, _ in items], [t for _, t, _ in items]
+    )
+    assert [(s["score"] > 0) for s in scores] == [ok for *_, ok in items]

@@ -34,8 +34,8 @@ def cut_off(reward, monkeypatch, **kwargs) -> tuple[dict, list[tuple[str, float]
     killed: list[float] = []
     attempt, kill = reward._Pool._attempt, reward._Worker.kill
 
-    def record_attempt(self, data, budget):
-        outcome = attempt(self, data, budget)
+    def record_attempt(self, data, budget, *gold):
+        outcome = attempt(self, data, budget, *gold)
         attempts.append(outcome)
         return outcome
 

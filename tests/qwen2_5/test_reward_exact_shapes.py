@@ -80,3 +80,28 @@ def test_the_rules_agree_with_math_verify_where_it_decides():
         for answer, truth in pairs:
             got = verify(parse(f"\\boxed{{{truth}}}"), parse(f"\\boxed{{{answer}}}"))
             assert got is expected, (answer, truth)
+
+
+LOG_PAIRS = [  # (answer, truth): logarithms of different bases
+    ("\\log_3 34", "\\log_{2} 34"),
+    ("\\log_3 10", "\\log_2 10"),
+    ("\\log_{10} 2", "\\log_2 10"),
+    ("\\log_2 17", "\\log_{3} 16"),
+    ("\\log_{0.5} 5", "\\log_2 5"),
+    ("\\log_2 4", "\\log_3 9"),  # equal values: left to sympy, which says they are equal
+    ("\\log_5 7", "\\log_{25} 49"),
+    ("\\log_{9} 3", "\\log_4 2"),
+]
+
+
+def test_logarithms_of_different_bases_are_told_apart_without_sympy_as_math_verify_does(reward):
+    """Two logarithms whose values differ by far more than rounding are wrong for each other (math_verify takes
+    up to half a second in sympy for it); equal values stay with sympy."""
+    from math_verify import parse, verify
+
+    for answer, truth in LOG_PAIRS:
+        expected = verify(
+            parse(f"\\boxed{{{reward._for_sympy(reward._norm(truth))}}}"),
+            parse(f"\\boxed{{{reward._for_sympy(reward._norm(answer))}}}"),
+        )
+        assert reward.fast_verdict(answer, (truth,)) is (None if expected else False), (answer, truth)
