@@ -226,8 +226,9 @@ CPU_OVERLAY = "cpu"  # the overlay a CPU launch runs on top of the recipe's seri
 
 @dataclass(frozen=True)
 class Launch:
-    """Everything a launch of a recipe needs that depends on the recipe and its base, resolved once: the launchers
-    read it (`python3 -m ascend_rl resolve`), the preflight takes it."""
+    """Everything a launch of a recipe needs that depends on the recipe and its base, resolved once: the launchers,
+    ray_start.sh and the installer read it (`python3 -m ascend_rl resolve`). The preflight still resolves the base
+    from its name itself (issue 44, item 2: it should take this object)."""
 
     recipe: Recipe  # on the resolved base; with the CPU overlay's series for the cpu profile
     base: str
@@ -280,9 +281,7 @@ def resolve_launch(recipe: str, base: str | None = None, profile: str = "npu") -
     spec = load_recipe(recipe, base or None)
     overrides = spec.overrides
     if profile == "cpu":
-        spec = replace(
-            with_overlay(spec, CPU_OVERLAY), overrides=spec.overrides, cpu_overrides=spec.cpu_overrides
-        )
+        spec = with_overlay(spec, CPU_OVERLAY)
         overrides += spec.cpu_overrides
     env = spec.cpu_env if profile == "cpu" else ()
     return Launch(spec, spec.version, profile, spec.default_target, overrides, recipe_die(spec.recipe), env)

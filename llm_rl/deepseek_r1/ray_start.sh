@@ -45,6 +45,10 @@ export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
+"$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ray") is None)' 2>/dev/null || {
+  echo "$(basename "$0"): $PYTHON has no ray; install the stack into it or set PYTHON to the Python ray is installed in" >&2
+  exit 1
+}
 # The base (VERL_BASE, else recipe.toml's default_base) and its tree, resolved as the launcher resolves them
 # (the CPU profile's tree is verl-<base>-cpu); an unknown base: one line, exit 2.
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "${VERL_BASE:-}" --profile "$PROFILE" --shell)" \
@@ -52,10 +56,6 @@ resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base 
 eval "$resolved"
 VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
-"$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ray") is None)' 2>/dev/null || {
-  echo "$(basename "$0"): $PYTHON has no ray; install the stack into it or set PYTHON to the Python ray is installed in" >&2
-  exit 1
-}
 
 # a dry run says what this node's Ray workers would run (the launcher's node wait compares it with the job's)
 case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON with verl $VERL_BASE from $VERL_DIR" >&2 ;; esac

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl import artifacts
+from ascend_rl import artifacts, manifest
 from ci_policy import get_artifact
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,9 +329,12 @@ def _ascend_config_keys(wheel: Path) -> set[str]:
     return keys
 
 
-def test_launcher_additional_config_keys_exist(vllm_ascend_wheel):
-    match = re.search(r"additional_config=\{([^}]*)\}", LAUNCHER.read_text())
-    assert match, "the launcher sets no additional_config"
+@pytest.mark.parametrize("base", manifest.load_recipe("deepseek_r1").bases)
+def test_launcher_additional_config_keys_exist(vllm_ascend_wheel, base):
+    """The additional_config the launcher sets on each base (its recipe.toml overrides, through `resolve`)."""
+    overrides = " ".join(manifest.resolve_launch("deepseek_r1", base).overrides)
+    match = re.search(r"additional_config=\{([^}]*)\}", overrides)
+    assert match, f"the launcher sets no additional_config on {base}"
     launcher_keys = {item.split(":")[0].strip() for item in match.group(1).split(",")}
     assert launcher_keys and launcher_keys <= _ascend_config_keys(vllm_ascend_wheel), where(
         vllm_ascend_wheel, ASCEND_CONFIG, "AscendConfig.__init__"

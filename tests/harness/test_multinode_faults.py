@@ -359,7 +359,7 @@ case "$1" in
 esac
 case "$2 $3 " in
   "ascend_rl preflight ") exit 0 ;;
-  "ascend_rl run_failure ") exec "$REAL_PYTHON" "$@" ;;
+  "ascend_rl run_failure "|"ascend_rl resolve ") exec "$REAL_PYTHON" "$@" ;;
   "ascend_rl ray_cluster ")
     case "$4" in
       shared) [ -z "${STUB_SHARED_REFUSES:-}" ] || { echo "ray_cluster: error: $STUB_SHARED_REFUSES" >&2; exit 1; } ;;

@@ -108,7 +108,8 @@ def test_cpu_node_puts_the_cpu_verl_tree_on_the_raylets_pythonpath(tmp_path):
     # the raylet's workers inherit PYTHONPATH: on a CPU node the tree the CPU profile runs (verl-<base>-cpu)
     probe = tmp_path / "python"
     probe.write_text(
-        f'#!/bin/sh\n[ "$1" = -m ] && {{ echo "PYTHONPATH=$PYTHONPATH"; exit 0; }}\nexec {sys.executable} "$@"\n'
+        f'#!/bin/sh\n[ "$1 $2 $3" = "-m ascend_rl resolve" ] && exec {sys.executable} "$@"\n'
+        f'[ "$1" = -m ] && {{ echo "PYTHONPATH=$PYTHONPATH"; exit 0; }}\nexec {sys.executable} "$@"\n'
     )
     probe.chmod(0o755)
     cpu = _ray_start(["--cpu", "--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.6.0")
