@@ -54,6 +54,7 @@ TOOLS = {
         "greedy accuracy of a model (or verl checkpoint) on a test parquet",
     ),
     "e2e": ("ascend_rl.harness.e2e", "the recipes' real launch paths on CPU (make e2e)"),
+    "shm": ("ascend_rl.shm", "remove what killed launches left in this node's /dev/shm, by their record"),
     "run_failure": (
         "ascend_rl.run_failure",
         "one line on why a training run failed: what died, in which step",

@@ -8,6 +8,11 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "llm_rl"
 OVERLAYS = REPO / "patches"
 HARNESS_HOOKS = REPO / "ascend_rl" / "harness" / "hooks"
+# The launchers' /dev/shm record (its sitecustomize and hook, also imported by the harness's hooks)
+SHM_RECORD = REPO / "ascend_rl" / "shm_record"
+# What a measured run puts first on PYTHONPATH: the test hooks (their sitecustomize is the one Python runs) and the
+# shm record's hook, which they import
+HOOK_PATH = (HARNESS_HOOKS, SHM_RECORD)
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -25,9 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_rl import locks, runner
-from ascend_rl.harness import shm
-from ascend_rl.paths import HARNESS_HOOKS, REPO
+from ascend_rl import locks, runner, shm
+from ascend_rl.paths import HOOK_PATH, REPO
 
 QWEN_LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
 DS_LAUNCHER = REPO / "llm_rl" / "deepseek_r1" / "run_deepseek_r1_a3.sh"
@@ -123,7 +122,7 @@ def launcher_env(
         env["RECIPES_E2E_DISABLE_WEIGHT_SYNC"] = "1"
     env.update(hook_env or {})  # the test hooks' settings (the harness's sitecustomize reads them)
     if disable_weight_sync or hook_env:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HARNESS_HOOKS), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*map(str, HOOK_PATH), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -157,7 +156,7 @@ def launch(
     run_dir.mkdir(parents=True)
     if seed is not None:
         seed(run_dir)
-    # every /dev/shm name the run's processes create, recorded as they create it (hooks/recipes_shm_record.py)
+    # every /dev/shm name the run's processes create, recorded as they create it (shm_record/recipes_shm_record.py)
     hook_env = {**(hook_env or {}), shm.ENV: str(run_dir / shm.RECORD)}
     env = launcher_env(name, out, model_dir, data_dir, disable_weight_sync, prefix, base, hook_env)
     env.update(extra_env or {})

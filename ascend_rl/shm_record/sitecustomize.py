@@ -1,8 +1,8 @@
 """The launchers' /dev/shm record (issue 48, item 6): on PYTHONPATH for a real launch, it makes every Python process
 of the run (the driver, Ray's workers, vLLM's engine) append each POSIX shared-memory segment and named semaphore it
-creates to $RECIPES_SHM_RECORD as it creates it, through the harness's own hook
-(ascend_rl/harness/hooks/recipes_shm_record.py); nothing else of the test hooks. The next launch on the node removes
-what such a run left when it was killed, by these names only (`python3 -m ascend_rl.harness.shm clean`).
+creates to $RECIPES_SHM_RECORD as it creates it, through the hook beside it in this folder (recipes_shm_record.py,
+which the harness's test hooks import too). The next launch on the node removes what such a run left when it was
+killed, by these names only (`python3 -m ascend_rl shm clean`).
 
 A "{host}" in $RECIPES_SHM_RECORD becomes this node's host name, so nodes that share a folder keep apart records.
 The sitecustomize this one shadows (a distribution's, a virtual environment's) is run after it.
@@ -28,14 +28,10 @@ def _record() -> None:
         os.makedirs(os.path.dirname(record), exist_ok=True)
     except OSError:
         return
-    hooks = os.path.join(os.path.dirname(_HERE), "harness", "hooks")
-    sys.path.append(hooks)
     try:
-        import recipes_shm_record  # noqa: F401  (records from here on; a failure never breaks the run)
+        import recipes_shm_record  # noqa: F401  (this folder's: records from here on; a failure never breaks the run)
     except Exception:  # noqa: BLE001
         pass
-    finally:
-        sys.path.remove(hooks)
 
 
 def _chain() -> None:

@@ -63,7 +63,7 @@ case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON 
 # recorded; the launchers' own record, ascend_rl/shm_record/), then this node's Ray workers record theirs
 case " $* " in *" --dry-run "*) ;; *)
   if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
-    (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+    (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl shm clean) || true
     SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
     RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/ray_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
     export RECIPES_SHM_RECORD

@@ -81,6 +81,9 @@ case "$PROFILE" in
     MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
     RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_TREE}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    # A launch of this launcher's own records its /dev/shm names (below): the Ray workers, whose PYTHONPATH this
+    # replaces, carry the record's folder first, as the driver does
+    [ -n "${RECIPES_SHM_RECORD:-}" ] || RECIPES_CPU_PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$RECIPES_CPU_PYTHONPATH"
     # main_ppo starts its own Ray with these (the user's PYTHONPATH last)
     RUN_PYTHONPATH="$RECIPES_CPU_PYTHONPATH"
     # shellcheck source=cpu_profile.sh
@@ -263,7 +266,7 @@ fi
 # recorded each name as they made it; a name goes only once its creator has ended and no process maps it), then
 # record this run's names the same way (ascend_rl/shm_record/). The harness records its runs itself.
 if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
-  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl shm clean) || true
   SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
   RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
   export RECIPES_SHM_RECORD

@@ -179,7 +179,7 @@ cd "$REPO_DIR"
 # recorded each name as they made it; a name goes only once its creator has ended and no process maps it), then
 # record this run's names the same way (ascend_rl/shm_record/). The harness records its runs itself.
 if [ -z "${RECIPES_SHM_RECORD:-}" ]; then
-  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl.harness.shm clean) || true
+  (cd "$REPO_DIR" && "$PYTHON" -m ascend_rl shm clean) || true
   SHM_RECORDS="${RECIPES_SHM_RECORDS:-${RECIPES_CACHE:-$HOME/.cache/ascend-rl-recipes}/shm}"
   RECIPES_SHM_RECORD="$SHM_RECORDS/{host}/${RUN_NAME}_$(date +%Y%m%d_%H%M%S)_$$.jsonl"
   export RECIPES_SHM_RECORD

@@ -87,3 +87,32 @@ def test_the_dry_run_composes_the_cpu_profile(inputs):
         plan["overrides"]["actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn"]
         is None
     )
+
+
+@pytest.mark.parametrize("harness_records", [False, True])
+def test_the_ray_workers_record_their_dev_shm_names_as_the_driver_does(inputs, tmp_path, harness_records):
+    """Issue 48, item 6: the CPU profile replaces the Ray workers' PYTHONPATH (runtime_env), so a launch the
+    launcher records itself must put the record's folder (ascend_rl/shm_record, whose sitecustomize records) first
+    there too, or the workers' vLLM queues, which a kill leaves, go unrecorded. A run the harness records (it sets
+    RECIPES_SHM_RECORD and its own hooks) gets nothing added."""
+    _, _, env = inputs
+    env = dict(env)
+    env.pop("RECIPES_SHM_RECORD", None)
+    if harness_records:
+        env["RECIPES_SHM_RECORD"] = str(tmp_path / "shm.jsonl")
+    proc = subprocess.run(
+        ["bash", str(LAUNCHER), "--cpu", "--dry-run", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    overrides = dry_run_plan(proc)["overrides"]
+    key = next(k for k in overrides if k.endswith("ray_init.runtime_env.env_vars.PYTHONPATH"))
+    workers = str(overrides[key]).split(os.pathsep)
+    record_site = str(REPO / "ascend_rl" / "shm_record")
+    if harness_records:
+        assert record_site not in workers, workers
+    else:
+        assert workers[0] == record_site, workers

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ascend_rl import cluster as lib
 from ascend_rl.harness import multinode
-from ascend_rl.paths import HARNESS_HOOKS
+from ascend_rl.paths import HOOK_PATH
 from cluster_support import needs_cluster
 from launcher_env import dry_run_plan, launcher_env, run_launcher
 
@@ -205,7 +205,9 @@ def _ranks(popen, env: dict[str, str]) -> None:
 
 @needs_cluster
 def test_the_hook_in_real_gloo_ranks_across_two_nodes_and_on_one(tmp_path):
-    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HARNESS_HOOKS), str(REPO)]), MASTER_PORT="29511")
+    base = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([*map(str, HOOK_PATH), str(REPO)]), MASTER_PORT="29511"
+    )
     pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
 
     across = tmp_path / "across.jsonl"

@@ -1,5 +1,5 @@
 """What a run leaves in /dev/shm: recorded by name as its processes create it, removed by those names once nobody
-uses them (ascend_rl/harness/shm.py, the hook ascend_rl/harness/hooks/recipes_shm_record.py, launch()).
+uses them (ascend_rl/shm.py, the hook ascend_rl/shm_record/recipes_shm_record.py, launch()).
 
 The unit tests make real POSIX segments and semaphores in child processes that die the way a killed run's do
 (SIGKILL to their whole process group, multiprocessing's resource tracker included); each test removes what
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl.harness import shm
-from ascend_rl.paths import HARNESS_HOOKS
+from ascend_rl import shm
+from ascend_rl.paths import HOOK_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ LEAKER = textwrap.dedent(
 
 def _leak(record: Path) -> dict:
     """Run LEAKER with the hook recording into `record`; the names it printed."""
-    env = {**os.environ, "PYTHONPATH": str(HARNESS_HOOKS), shm.ENV: str(record)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, HOOK_PATH)), shm.ENV: str(record)}
     proc = subprocess.run(
         [sys.executable, "-c", LEAKER],
         env=env,
@@ -364,7 +364,7 @@ SHM_RECORD_SITE = REPO / "ascend_rl" / "shm_record"
 def test_a_launch_frees_what_a_killed_earlier_launch_left_on_this_node(tmp_path):
     """The launchers' own record (issue 48, item 6): a process of a run started by a launcher (ascend_rl/shm_record/
     on PYTHONPATH, RECIPES_SHM_RECORD with {host}) records each name as it makes it, into this node's folder; killed
-    with its group, it leaves them; the next launch's `python3 -m ascend_rl.harness.shm clean` removes them by name,
+    with its group, it leaves them; the next launch's `python3 -m ascend_rl shm clean` removes them by name,
     says how much it freed, and deletes the record it has nothing left of."""
     import socket
 
@@ -391,7 +391,7 @@ def test_a_launch_frees_what_a_killed_earlier_launch_left_on_this_node(tmp_path)
         assert set(shm.read_record(record)) == {names["left"], names["sem"]}
         assert (shm.SHM / names["left"]).exists()
         clean = subprocess.run(
-            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            [sys.executable, "-m", "ascend_rl", "shm", "clean", "--records", str(records)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -406,7 +406,7 @@ def test_a_launch_frees_what_a_killed_earlier_launch_left_on_this_node(tmp_path)
         assert (shm.SHM / bystander.name).exists()
         assert not record.exists()  # nothing of it left: the record goes too
         again = subprocess.run(
-            [sys.executable, "-m", "ascend_rl.harness.shm", "clean", "--records", str(records)],
+            [sys.executable, "-m", "ascend_rl", "shm", "clean", "--records", str(records)],
             cwd=REPO,
             capture_output=True,
             text=True,

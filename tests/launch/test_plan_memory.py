@@ -404,11 +404,12 @@ def test_the_memory_hook_records_weights_gradients_and_adam_states(tmp_path, mon
 
     import torch
 
-    from ascend_rl.paths import HARNESS_HOOKS
+    from ascend_rl.paths import HOOK_PATH
 
     record = tmp_path / "memory.jsonl"
     monkeypatch.setenv("RECIPES_MEMORY_RECORD", str(record))
-    monkeypatch.syspath_prepend(str(HARNESS_HOOKS))
+    for folder in reversed(HOOK_PATH):
+        monkeypatch.syspath_prepend(str(folder))
     sys.modules.pop("recipes_memory_record", None)
     hook = importlib.import_module("recipes_memory_record")
     try:

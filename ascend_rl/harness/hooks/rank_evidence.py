@@ -20,8 +20,9 @@ import os
 import socket
 import sys
 
-from recipes_hook_util import PatchAfterLoad, append_json_line
+from recipes_hook_util import PatchAfterLoad
 from recipes_hook_util import install as patch_after_load
+from recipes_shm_record import append_json_line  # ascend_rl/shm_record/, beside these hooks on PYTHONPATH
 
 ENV = "RECIPES_RANK_EVIDENCE"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")

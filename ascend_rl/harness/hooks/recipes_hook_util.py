@@ -1,10 +1,8 @@
-"""What the test hooks in this folder share: patching a module right after its own loader has run it, and appending
-one JSON line to a record that many processes write at once. Test-only, like the hooks; never in a recipe."""
+"""What the test hooks in this folder share: patching a module right after its own loader has run it (their one JSON
+line per event comes from ascend_rl/shm_record/recipes_shm_record.py). Test-only, like the hooks; never in a recipe."""
 
 import importlib.abc
 import importlib.util
-import json
-import os
 import sys
 
 
@@ -54,19 +52,3 @@ def install(targets, on_error=None) -> PatchAfterLoad:
     finder = PatchAfterLoad(targets, on_error)
     sys.meta_path.insert(0, finder)
     return finder
-
-
-def append_json_line(path, record, mode=0o644) -> None:
-    """One write with O_APPEND, so lines from many processes never interleave; a record that cannot be written is
-    dropped (a hook must not end the run it watches)."""
-    line = (json.dumps(record, default=str) + "\n").encode()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
-    except OSError:
-        return
-    try:
-        os.write(fd, line)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

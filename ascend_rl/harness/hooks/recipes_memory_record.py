@@ -20,7 +20,8 @@ optimizer's fp32 main weights alone). Everything here is best effort: a failure 
 
 import os
 
-from recipes_hook_util import append_json_line, install
+from recipes_hook_util import install
+from recipes_shm_record import append_json_line  # ascend_rl/shm_record/, beside these hooks on PYTHONPATH
 
 ENV = "RECIPES_MEMORY_RECORD"
 _RECORD = os.environ.get(ENV)

@@ -10,7 +10,8 @@ the weights to the vLLM server's engine); the hook patches whichever of them the
 ascend_rl/harness/launch.py puts this folder on PYTHONPATH for every harness launch (the /dev/shm record is always
 on); each hook acts only when its variable is set. `--disable-weight-sync` is the negative control of the weight-sync
 check: with the sync gone, training/rollout_probs_diff_mean must grow to the stale level. The other hooks
-(rank_evidence, recipes_memory_record, recipes_shm_record) are imported at the end; recipes_hook_util is what they share.
+(rank_evidence, recipes_memory_record, and the launchers' recipes_shm_record from ascend_rl/shm_record/, which launch()
+puts on PYTHONPATH beside this folder) are imported at the end; recipes_hook_util is what they share.
 Python imports sitecustomize at start-up in every process (the driver, Ray's workers, vLLM's engine),
 so the rollout classes are patched wherever they are loaded. It never ships in a recipe.
 
@@ -79,4 +80,4 @@ if os.environ.get("RECIPES_FAULT_PAUSE_SAVE") and os.environ.get("RECIPES_FAULT_
     install({"torch": _pause_torch_save})
 import rank_evidence  # noqa: E402,F401  (RECIPES_RANK_EVIDENCE: where each rank runs, hooks/rank_evidence.py)
 import recipes_memory_record  # noqa: E402,F401  (RECIPES_MEMORY_RECORD: bytes per rank and phase, hooks/recipes_memory_record.py)
-import recipes_shm_record  # noqa: E402,F401  (RECIPES_SHM_RECORD: the run's /dev/shm names, hooks/recipes_shm_record.py)
+import recipes_shm_record  # noqa: E402,F401  (RECIPES_SHM_RECORD: the run's /dev/shm names, shm_record/recipes_shm_record.py)

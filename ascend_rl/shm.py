@@ -9,10 +9,12 @@ shm_broadcast.py:197. The executor's lock (sem.mp-*, multiproc_executor.py:148) 
 soon after start-up in the runs seen here; a run killed before that, or inside a weight sync (verl's
 verl_weights_* buckets), leaves those too.
 
-The run's processes write every name they create to <run folder>/shm.jsonl as they create it (the test hook
-ascend_rl/harness/hooks/recipes_shm_record.py, which launch() switches on with RECIPES_SHM_RECORD).
-launch() calls remove_leftovers() on its run's record once the run has ended, and clean_out() on every record
-in its output folder before it starts, which takes care of a run killed with its harness. A name is removed
+The run's processes write every name they create to a record as they create it (the hook
+ascend_rl/shm_record/recipes_shm_record.py, switched on by RECIPES_SHM_RECORD): the launchers record each real
+launch and run `python3 -m ascend_rl shm clean` before the next one on the node (clean_node); the harness's
+launch() records each run into <run folder>/shm.jsonl, calls remove_leftovers() on its run's record once the run
+has ended, and clean_out() on every record in its output folder before it starts, which takes care of a run killed
+with its harness. A name is removed
 only when the record says this run created it and never unlinked it, it is still there, its creator has
 ended, and no live process maps it or holds it open (/proc/*/maps, /proc/*/fd). Nothing is ever removed
 by pattern.
@@ -237,10 +239,10 @@ def _amount(size: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python3 -m ascend_rl.harness.shm clean [--records DIR]`: what the launchers run before a launch."""
+    """`python3 -m ascend_rl shm clean [--records DIR]`: what the launchers run before a launch."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python3 -m ascend_rl.harness.shm", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m ascend_rl shm", description=main.__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
     clean = sub.add_parser(
         "clean", help="remove what earlier launches on this node left in /dev/shm, by name"

@@ -1,24 +1,40 @@
-"""Test-only hook: every /dev/shm name a run's Python processes create, appended to the run's record as it is made.
+"""Every /dev/shm name a run's Python processes create, appended to the run's record as it is made.
 
 With RECIPES_SHM_RECORD=<file>, each process of the run (the driver, Ray's workers, vLLM's engine and its
-workers: sitecustomize imports this module in every one of them) appends one JSON line to <file> when it
+workers: a sitecustomize imports this module in every one of them, the launchers' (shm_record/) or the
+harness's (harness/hooks/)) appends one JSON line to <file> when it
 creates a named POSIX shared-memory segment (multiprocessing.shared_memory: vLLM's message queues, verl's
 weight buckets) or a named semaphore (multiprocessing's locks under the spawn start method, /dev/shm/sem.mp-*),
 and one when it unlinks one. The names are written at creation, not at exit, because the processes that
 leak them are the ones killed before they can clean up (Ray SIGKILLs an actor's children when the actor's
-owner dies): ascend_rl/harness/shm.py removes what a run recorded and nobody unlinked, by these names only.
+owner dies): ascend_rl/shm.py removes what a run recorded and nobody unlinked, by these names only.
 
 Each line is one write() to a file opened with O_APPEND, well under PIPE_BUF, so lines from concurrent
 processes never interleave. A failure to write is ignored: recording must never break the run it watches.
 """
 
+import json
 import os
 import sys
 
-from recipes_hook_util import append_json_line
-
 _RECORD = os.environ.get("RECIPES_SHM_RECORD")
 _STDLIB_MP = os.path.dirname(os.__file__) + os.sep + "multiprocessing" + os.sep
+
+
+def append_json_line(path, record, mode=0o644) -> None:
+    """One write with O_APPEND, so lines from many processes never interleave; a record that cannot be written is
+    dropped (a hook must not end the run it watches). The harness's other hooks use it too (recipes_hook_util)."""
+    line = (json.dumps(record, default=str) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    except OSError:
+        return
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _start_time(pid):
