@@ -38,8 +38,7 @@ TOOLS = {
         "ascend_rl.cli.compat",
         "resolve every import of a verl tree against the pinned wheels",
     ),
-    "ray_cluster": ("ascend_rl.cli.ray_cluster", "plan, start and wait for a multi-node Ray cluster"),
-    "cluster": ("ascend_rl.cli.cluster", "a simulated cluster: N nodes in Linux namespaces on this machine"),
+    "ray_cluster": ("ascend_rl.cli.ray_cluster", "plan, start and wait for a real multi-node Ray cluster"),
     "prepare_math": (
         "ascend_rl.cli.prepare_math",
         "MATH-lighteval parquet -> the recipe's train/test parquet",
@@ -63,6 +62,10 @@ TOOLS = {
         "ascend_rl.harness.faults",
         "kill CPU training runs inside a checkpoint save; check the resume",
     ),
+    "sim_cluster": (
+        "ascend_rl.harness.sim_cluster",
+        "a SIMULATED cluster: N nodes in Linux namespaces on this machine (root)",
+    ),
     "cluster_faults": (
         "ascend_rl.harness.cluster_faults",
         "start-up faults on the simulated cluster: each one line, in bounded time",
@@ -75,10 +78,19 @@ TOOLS = {
         "ascend_rl.layout",
         "docs/layout.md's module list, generated from the tree (--check: is it current)",
     ),
+    "bench_bases": (
+        "ascend_rl.harness.bench_bases",
+        "the same CPU run on each verl base, side by side: step time split, bytes per sync, memory",
+    ),
     "make_problems": ("ascend_rl.harness.make_problems", "regenerate the bundled demo problems"),
 }
 # Old command names, each now its module's name: they still run, after a one-line notice (CHANGELOG.md).
-RENAMED = {"check_stack": "stack", "check_imports": "compat", "install_tokenizer_config": "tokenizer_config"}
+RENAMED = {
+    "check_stack": "stack",
+    "check_imports": "compat",
+    "install_tokenizer_config": "tokenizer_config",
+    "cluster": "sim_cluster",
+}
 # Commands that are gone, with what to run instead (CHANGELOG.md says when).
 GONE = {
     "demo_inprocess": "the in-process GRPO loop is gone; run `make demo` (python3 -m ascend_rl demo)",
@@ -86,7 +98,6 @@ GONE = {
 RECIPE_TOOLS = (
     "llm_rl.qwen2_5.prepare_math500",
     "llm_rl.qwen2_5.bench_reward",
-    "llm_rl.qwen2_5.bench_bases",
     "llm_rl.deepseek_r1.prepare_deepscaler",
     "llm_rl.deepseek_r1.derive_config",
     "llm_rl.deepseek_r1.bench_reshard",

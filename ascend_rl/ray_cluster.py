@@ -1,4 +1,5 @@
-"""Start a Ray node with Ascend NPU resources, wait for a cluster to fill, print a node plan.
+"""A REAL cluster's Ray nodes: start one with Ascend NPUs, wait for the cluster to fill, print a node plan.
+(The simulated cluster, the CPU proof rig's nodes on one machine, is ascend_rl/harness/sim_cluster/.)
 
     ray_cluster.py start --head [--nodes N --timeout S] [--cpu]   on the head node
     ray_cluster.py start --worker HEAD_IP[:PORT] [--cpu]          on every other node
@@ -14,7 +15,7 @@ exported as GLOO_SOCKET_IFNAME, HCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME before `
 start`, so every Ray worker on the node inherits it. `ray start` is the `ray` command of
 the Python running this (beside it, or in its scripts folder), never whichever is first
 on PATH. `--cpu` is a node without NPUs (the launcher's CPU profile, the simulated
-cluster of ascend_rl.cluster): it also offers the lowercase `cpu` resource verl's CPU
+cluster of ascend_rl.harness.sim_cluster): it also offers the lowercase `cpu` resource verl's CPU
 placement bundles ask for, one per rank, with a small object store and no dashboard.
 
 The start-up faults end in one line each: an interface the node lacks (named, with the interfaces the node

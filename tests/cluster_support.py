@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_rl import cluster as lib
+from ascend_rl.harness import sim_cluster as lib
 
 try:
     lib.check_support()

@@ -1,6 +1,7 @@
-"""The ray_cluster command (ascend_rl.ray_cluster): start a Ray node with Ascend NPU resources (or, with --cpu, a
-node without NPUs), wait for a cluster to fill (and check what its nodes offer), watch for a placement group that
-never places or a node lost while a run goes, check that every node sees a folder, print a node plan."""
+"""The ray_cluster command (ascend_rl.ray_cluster), for a REAL cluster: start a Ray node with Ascend NPU resources
+(or, with --cpu, a node without NPUs), wait for a cluster to fill (and check what its nodes offer), watch for a
+placement group that never places or a node lost while a run goes, check that every node sees a folder, print a
+node plan. (`python3 -m ascend_rl sim_cluster` simulates a cluster's nodes on one machine.)"""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
-"""The CPU proof harness: tiny models, the problems, the warm start, make e2e, make demo, the fault runs and the
-simulated cluster's runs."""
+"""The CPU proof harness: tiny models, the problems, the warm start, make e2e, make demo, the fault runs, measured
+runs (runner.py), the bases benchmark and the SIMULATED cluster (sim_cluster/) with its runs."""

@@ -4,8 +4,8 @@
     .venv-e2e/bin/python -m ascend_rl cluster_faults --kinds local-ckpt,node-lost [--out DIR]   (trains: minutes)
 
 Each kind starts the DeepSeek recipe's nodes as its README says (`ray_start.sh` on each node, from a fresh
-shell: no venv on PATH) on a simulated cluster (ascend_rl.cluster), makes one fault, and checks what the user
-sees:
+shell: no venv on PATH) on a simulated cluster (ascend_rl.harness.sim_cluster), makes one fault, and checks what
+the user sees:
 
     ifname      SOCKET_IFNAME names an interface the node lacks (ib0): ray_start.sh exits 1 with one line naming
                 it and the node's interfaces, and no process is left in the node, no Ray session folder made
@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from ascend_rl import cluster as lib
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.harness.launch import HarnessError
 from ascend_rl.paths import REPO
 from ascend_rl.ray_cluster import NPU_NOISE_END, NPU_NOISE_START

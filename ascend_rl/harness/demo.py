@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from ascend_rl import runner
 from ascend_rl.data.util import write_json_atomic
 from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
+from ascend_rl.harness import runner
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
 from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
 from ascend_rl.manifest import verl_tree

@@ -2,7 +2,7 @@
 
 A *launch* is `bash <launcher> --cpu <overrides>` with the run's folders in its environment (<out>/<name>/:
 launcher.log, metrics.jsonl from verl's `file` logger, ckpt/, shm.jsonl: the /dev/shm names its processes
-made), run through ascend_rl.runner (its own process group, a timeout, peak memory over the process tree);
+made), run through ascend_rl.harness.runner (its own process group, a timeout, peak memory over the process tree);
 what it left in /dev/shm is removed by name when it ends, and before the next launch in <out> (shm.py).
 What the run did is read from what verl writes, never from its console: the steps from the metrics file, the
 step it resumed from from the checkpoint tracker (latest_checkpointed_iteration.txt in
@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_rl import locks, runner, shm
+from ascend_rl import locks, shm
+from ascend_rl.harness import runner
 from ascend_rl.paths import HOOK_PATH, REPO
 
 QWEN_LAUNCHER = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"

@@ -1,7 +1,7 @@
 """The DeepSeek launcher across simulated nodes: the e2e harness's 2-node runs (deepseek-2n, deepseek-v071-2n).
 
-A run makes a simulated cluster (ascend_rl.cluster: one Linux-namespace "node" per rank, 198.18.S.<i> on eth0),
-starts Ray on it the way the recipe README says (`ray_start.sh --cpu --head --nodes N` on node1, `ray_start.sh
+A run makes a simulated cluster (ascend_rl.harness.sim_cluster: one Linux-namespace "node" per rank, 198.18.S.<i>
+on eth0), starts Ray on it the way the recipe README says (`ray_start.sh --cpu --head --nodes N` on node1, `ray_start.sh
 --cpu --worker HEAD_IP:6379` on the others, SOCKET_IFNAME=eth0 as a user sets it), then runs the launcher's CPU
 profile on node1 with NNODES=N: main_ppo attaches to that Ray cluster and verl places one Megatron rank (and with
 it one vLLM engine) per node. The cluster goes down however the run ends.
@@ -25,9 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from ascend_rl import cluster as lib
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.harness.launch import HarnessError, RunResult, launch, read_jsonl
-from ascend_rl.runner import pss_bytes
+from ascend_rl.harness.runner import pss_bytes
 
 RAY_START = Path("llm_rl") / "deepseek_r1" / "ray_start.sh"
 EVIDENCE_ENV = "RECIPES_RANK_EVIDENCE"

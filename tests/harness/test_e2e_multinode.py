@@ -1,13 +1,14 @@
 """The DeepSeek recipe's own multi-node path on two simulated nodes (`make test-full`): `python -m ascend_rl e2e
 --runs deepseek-2n,deepseek-v071-2n`.
 
-Each run makes a simulated cluster (ascend_rl.cluster), runs ray_start.sh --cpu on each node as the recipe README
-says (--head --nodes 2 on node1, --worker on node2, SOCKET_IFNAME=eth0), then the DeepSeek launcher's CPU profile
-with NNODES=2 on node1: the Megatron actor with one rank per node (EP=2 across the nodes), a vLLM engine on each
-node, 3 GRPO steps, on verl 0.6.0 and 0.7.1. The checks are the single-node deepseek runs' (weight sync, one actor
-forward per step, the AlltoAllV bytes per rank against the plan) and where each rank ran: its own node, the node's
-eth0 for every socket setting, one torch.distributed master off loopback (ascend_rl/harness/multinode.py). Needs
-root and `ip netns` (skipped otherwise, with the reason) and the e2e environment (the e2e_python fixture).
+Each run makes a simulated cluster (ascend_rl.harness.sim_cluster), runs ray_start.sh --cpu on each node as the
+recipe README says (--head --nodes 2 on node1, --worker on node2, SOCKET_IFNAME=eth0), then the DeepSeek
+launcher's CPU profile with NNODES=2 on node1: the Megatron actor with one rank per node (EP=2 across the nodes),
+a vLLM engine on each node, 3 GRPO steps, on verl 0.6.0 and 0.7.1. The checks are the single-node deepseek runs'
+(weight sync, one actor forward per step, the AlltoAllV bytes per rank against the plan) and where each rank ran:
+its own node, the node's eth0 for every socket setting, one torch.distributed master off loopback
+(ascend_rl/harness/multinode.py). Needs root and `ip netns` (skipped otherwise, with the reason) and the e2e
+environment (the e2e_python fixture).
 The quick checks of the same code (dry run, the evidence check on good and bad input): test_multinode_checks.py.
 """
 

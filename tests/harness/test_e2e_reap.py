@@ -1,7 +1,7 @@
 """make e2e's runs leave nothing behind when they are stopped: SIGTERM (timeout, a cancelled CI job, kill) to
-the harness (ascend_rl/harness/launch.py, through ascend_rl/runner.py) while a launcher runs takes the launcher's
-whole process group with it, as Ray's agents would otherwise outlive it. A stand-in launcher (bash, a child in its
-group that never exits) keeps it fast."""
+the harness (ascend_rl/harness/launch.py, through ascend_rl/harness/runner.py) while a launcher runs takes the
+launcher's whole process group with it, as Ray's agents would otherwise outlive it. A stand-in launcher (bash, a
+child in its group that never exits) keeps it fast."""
 
 from __future__ import annotations
 

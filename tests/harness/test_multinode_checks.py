@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from ascend_rl import cluster as lib
 from ascend_rl.harness import multinode
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.paths import HOOK_PATH
 from cluster_support import needs_cluster
 from launcher_env import dry_run_plan, launcher_env, run_launcher

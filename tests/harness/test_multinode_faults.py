@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster, run_failure
 from ascend_rl.cli import ray_cluster as cli
 from ascend_rl.harness import cluster_faults as faults
+from ascend_rl.harness import sim_cluster as lib
 from cluster_support import NO_CLUSTER, needs_cluster
 
 REPO = Path(__file__).resolve().parents[2]

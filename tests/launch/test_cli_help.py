@@ -48,7 +48,9 @@ def test_a_removed_command_says_what_to_run_instead():
     assert out.stderr.strip().count("\n") == 0 and "make demo" in out.stderr
 
 
-@pytest.mark.parametrize(("old", "new"), [("check_stack", "stack"), ("check_imports", "compat")])
+@pytest.mark.parametrize(
+    ("old", "new"), [("check_stack", "stack"), ("check_imports", "compat"), ("cluster", "sim_cluster")]
+)
 def test_an_old_command_name_still_runs_after_a_one_line_notice(old, new):
     out = subprocess.run(
         [sys.executable, "-m", "ascend_rl", old, "--help"],

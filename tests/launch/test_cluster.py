@@ -1,6 +1,6 @@
-"""The simulated cluster (ascend_rl.cluster, `python3 -m ascend_rl cluster`): nodes in their own namespaces, a
-TCP connection between two of them, the shared and node-local folders, and teardown that leaves no namespace,
-link, mount or process behind on every way its holder ends. No Ray, no training: each cluster is up in well
+"""The simulated cluster (ascend_rl.harness.sim_cluster, `python3 -m ascend_rl sim_cluster`): nodes in their own
+namespaces, a TCP connection between two of them, the shared and node-local folders, and teardown that leaves no
+namespace, link, mount or process behind on every way its holder ends. No Ray, no training: each cluster is up in well
 under a second. Skips (with the reason) without root or `ip netns`."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl import cluster as lib
-from ascend_rl.cli import cluster as cli
+from ascend_rl.harness import sim_cluster as lib
+from ascend_rl.harness.sim_cluster import __main__ as cli
 from ascend_rl.paths import REPO, child_env
 from cluster_support import NO_CLUSTER
 
@@ -24,7 +24,7 @@ if NO_CLUSTER:
     pytest.skip(NO_CLUSTER, allow_module_level=True)
 
 PY = sys.executable
-TOOL = [PY, "-m", "ascend_rl", "cluster"]
+TOOL = [PY, "-m", "ascend_rl", "sim_cluster"]
 # A hang, not a measurement: up and down take well under a second on a quiet machine, but a fresh CI run beside
 # training runs once took over 30 s to tear a cluster down after SIGINT (load average ~25 on 2 cores).
 LIMIT_S = 120
@@ -281,7 +281,7 @@ def test_sigterm_to_a_python_holder_tears_down(tmp_path):
     (tmp_path / "rt").mkdir()
     script = (
         "import sys, time\n"
-        "from ascend_rl.cluster import Cluster\n"
+        "from ascend_rl.harness.sim_cluster import Cluster\n"
         f"with Cluster({_name('api')!r}, 2, root={str(tmp_path / 'api')!r},\n"
         f"             ray_tmpdir={str(tmp_path / 'rt')!r}) as c:\n"
         f"    open({str(marker)!r} + '.tmp', 'w').write('up')\n"

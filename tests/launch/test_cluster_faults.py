@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster
 from ascend_rl.cli import ray_cluster as cli
 from ascend_rl.harness import cluster_faults as faults
+from ascend_rl.harness import sim_cluster as lib
 from cluster_support import needs_cluster
 
 pytestmark = pytest.mark.ci

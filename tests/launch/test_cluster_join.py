@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl import cluster as lib
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.paths import REPO
 from cluster_support import NO_CLUSTER
 

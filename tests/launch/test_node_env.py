@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.paths import REPO
 from cluster_support import needs_cluster
 

@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ascend_rl import cluster as lib
 from ascend_rl import ray_cluster
+from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.paths import REPO, child_env
 from cluster_support import needs_cluster
 from launcher_env import LAUNCHERS, launcher_env, run_launcher
 
-TOOL = [sys.executable, "-m", "ascend_rl", "cluster"]
+TOOL = [sys.executable, "-m", "ascend_rl", "sim_cluster"]
 
 
 def test_an_impossible_layout_says_the_memory_is_not_planned_because_of_the_layout(tmp_path, verl_tree):

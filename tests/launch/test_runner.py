@@ -1,4 +1,4 @@
-"""ascend_rl/runner.py: a measured run ends with its whole process group, reports a timeout as one, and
+"""ascend_rl/harness/runner.py: a measured run ends with its whole process group, reports a timeout as one, and
 counts the memory of the command's descendants, not only its own."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ascend_rl import runner
+from ascend_rl.harness import runner
 
 
 def _alive(pid: int) -> bool:

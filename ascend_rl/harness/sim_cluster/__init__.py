@@ -1,12 +1,13 @@
-"""A simulated cluster on one machine: N nodes, each in its own Linux namespaces, for multi-node launches
-without a second machine (as root; `ip netns`, `unshare`, `nsenter`).
+"""The SIMULATED cluster (proof rig, not a real one): N nodes on this machine, each in its own Linux namespaces,
+for multi-node launches without a second machine (as root; `ip netns`, `unshare`, `nsenter`). A real cluster's
+nodes are started with `python3 -m ascend_rl ray_cluster` (ascend_rl/ray_cluster.py) instead.
 
-    python3 -m ascend_rl cluster up --nodes N --name NAME [--shared DIR]   start N nodes, leave them running
-    python3 -m ascend_rl cluster exec [--name NAME] NODE -- CMD...          run CMD inside a node
-    python3 -m ascend_rl cluster status [--name NAME] [--json]              nodes, addresses, pids, alive
-    python3 -m ascend_rl cluster down --name NAME                           remove everything of the cluster
-    python3 -m ascend_rl cluster run --nodes N --name NAME -- CMD...        up, CMD here, down when CMD ends
-    python3 -m ascend_rl cluster kill|revive [--name NAME] NODE             lose a node; bring it back
+    python3 -m ascend_rl sim_cluster up --nodes N --name NAME [--shared DIR]   start N nodes, leave them running
+    python3 -m ascend_rl sim_cluster exec [--name NAME] NODE -- CMD...          run CMD inside a node
+    python3 -m ascend_rl sim_cluster status [--name NAME] [--json]              nodes, addresses, pids, alive
+    python3 -m ascend_rl sim_cluster down --name NAME                           remove everything of the cluster
+    python3 -m ascend_rl sim_cluster run --nodes N --name NAME -- CMD...        up, CMD here, down when CMD ends
+    python3 -m ascend_rl sim_cluster kill|revive [--name NAME] NODE             lose a node; bring it back
 
 Each node (`node1` … `nodeN`) has its own network namespace (`lo` and one interface `eth0` with
 198.18.S.<i>/24, S the cluster's slot, joined by a bridge in the root namespace that has no address and no
@@ -451,7 +452,7 @@ class Cluster:
             if self.state_file.exists():
                 raise ClusterError(
                     f"a cluster named {self.name} exists ({self.state_file}); "
-                    f"`python3 -m ascend_rl cluster down --name {self.name}` first"
+                    f"`python3 -m ascend_rl sim_cluster down --name {self.name}` first"
                 )
             taken = [ns for ns in _netns_list() if ns.startswith(f"{PREFIX}-{self.name}-")]
             if taken:

@@ -1,5 +1,10 @@
-"""The cluster command (ascend_rl.cluster): a simulated cluster of N nodes on this machine, each in its own
-namespaces (network, PID, mount, UTS, IPC), for multi-node launches without a second machine."""
+"""The sim_cluster command (ascend_rl.harness.sim_cluster): a SIMULATED cluster of N nodes on this machine, each
+in its own namespaces (network, PID, mount, UTS, IPC), for multi-node launches without a second machine.
+
+    python3 -m ascend_rl sim_cluster up|exec|status|down|run|kill|revive ...   (--help for each verb)
+
+`python3 -m ascend_rl cluster`, its old name, still runs it after a one-line notice. A real cluster's nodes are
+started with `python3 -m ascend_rl ray_cluster`."""
 
 from __future__ import annotations
 
@@ -12,10 +17,17 @@ import subprocess
 import sys
 import time
 
-from ascend_rl import cluster as _library
-from ascend_rl.cluster import MAX_NODES, Cluster, ClusterError, UsageError, check_support, default_name
+from ascend_rl.harness import sim_cluster as _library
+from ascend_rl.harness.sim_cluster import (
+    MAX_NODES,
+    Cluster,
+    ClusterError,
+    UsageError,
+    check_support,
+    default_name,
+)
 
-PROG = "python3 -m ascend_rl cluster"
+PROG = "python3 -m ascend_rl sim_cluster"
 
 
 def _count(text: str) -> int:

@@ -16,7 +16,7 @@ timing_s/gen less the generation proper, marked "~". Bytes per sync: every tenso
 dict, at the checkpoint's dtype (both bases send the whole state dict each step; read from the
 checkpoint's safetensors header). Run it with the e2e environment's Python:
 
-    .venv-e2e/bin/python -m llm_rl.qwen2_5.bench_bases [--out bench_out] [--steps 3]
+    .venv-e2e/bin/python -m ascend_rl bench_bases [--out bench_out] [--steps 3]
 """
 
 from __future__ import annotations
