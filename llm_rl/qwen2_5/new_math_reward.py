@@ -35,7 +35,8 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``\\sqrt{2}-1``), and ``\\pi`` and single letters as unknowns (``(x+2)(x+5)`` = ``x^2+7x+10``: equal rational
   functions, compared at two fixed points where each unknown is a rational), points element by element.
   In the helpers, a near miss whose parsed value plainly differs from the truth's (30 digits, letters set to one
-  positive rational) is answered without sympy's simplify, where math_verify could only say False (``_Apart``).
+  positive rational) is answered without sympy's simplify, where math_verify could only say False (``_Apart``),
+  and math_verify's LaTeX parser tries ANTLR's SLL prediction before its full LL one (the same parse, faster).
 
 Needs Python >= 3.10 and math_verify (``pip install math-verify==0.9.0``; Linux).  Without them the first call
 raises ``MathVerifyUnavailable``, saying what is missing and the line that installs it: a reward that scored
