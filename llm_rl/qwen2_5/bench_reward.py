@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
 import signal
@@ -400,6 +401,147 @@ WORKLOAD_PATH = (
 HELDOUT_PATH = (
     REPO / "tests" / "qwen2_5" / "reward_policy_heldout.jsonl"
 )  # reward_cases.policy_answers_heldout(768, 4747): held out from the exact rules
+FRESH_PATH = (
+    REPO / "tests" / "qwen2_5" / "reward_policy_fresh.jsonl"
+)  # fresh_policy_answers(768, 2026): written before the speed work of issue 47 item 5, never tuned on
+
+
+def _fresh_problem(rng: random.Random) -> tuple[str, list[str], list[str]]:
+    """(truth, right spellings, near misses) of one MATH-style prompt in kinds that neither earlier workload draws:
+    n-th roots, fractional powers, Euler's e, logarithms and trigonometric values, products of two letters, roots of
+    a letter, lines, binomials and factorials, scientific notation; a third plain integers and fractions."""
+    a, b = rng.randint(2, 30), rng.randint(2, 30)
+    b += b == a
+    k = rng.randint(2, 9)
+    kind = rng.choice(
+        ["integer"] * 3
+        + ["fraction"] * 2
+        + [
+            "cube root",
+            "power",
+            "euler",
+            "ln",
+            "trig",
+            "two letters",
+            "letter root",
+            "line",
+            "binomial",
+            "sci",
+        ]
+    )
+    if kind == "integer":
+        n = a * b + k
+        return str(n), [str(n), f"{n}", f"{a * b} + {k}"], [str(n + 1), str(n - 2), str(a + b + k)]
+    if kind == "fraction":
+        g = math.gcd(a, a + b + k)
+        num, den = a // g, (a + b + k) // g
+        return (
+            f"\\frac{{{num}}}{{{den}}}",
+            [f"\\frac{{{num}}}{{{den}}}", f"\\tfrac{{{num}}}{{{den}}}", f"\\frac{{{3 * num}}}{{{3 * den}}}"],
+            [f"\\frac{{{den}}}{{{num}}}", f"\\frac{{{num + 1}}}{{{den}}}"],
+        )
+    if kind == "cube root":
+        return (
+            f"\\sqrt[3]{{{a}}}",
+            [f"\\sqrt[3]{{{a}}}", f"{a}^{{1/3}}", f"{a}^{{\\frac{{1}}{{3}}}}"],
+            [f"\\sqrt{{{a}}}", f"\\sqrt[3]{{{a + 1}}}", f"{a}^{{3}}"],
+        )
+    if kind == "power":
+        return (
+            f"{k}^{{3/2}}",
+            [f"{k}\\sqrt{{{k}}}", f"\\sqrt{{{k**3}}}", f"{k}^{{\\frac{{3}}{{2}}}}"],
+            [f"{k}^{{2/3}}", f"\\sqrt{{{k}}}", f"{k + 1}\\sqrt{{{k + 1}}}"],
+        )
+    if kind == "euler":
+        return f"e^{{{k}}}", [f"e^{{{k}}}", f"e^{k}"], [f"e^{{{k + 1}}}", f"{k}e", f"e^{{-{k}}}"]
+    if kind == "ln":
+        return (
+            f"\\ln {a}",
+            [f"\\ln {a}", f"\\ln({a})", f"\\ln{{{a}}}"],
+            [f"\\ln {a + 1}", f"\\log_{{10}} {a}", f"\\ln {b}"],
+        )
+    if kind == "trig":
+        angle = rng.choice(["\\frac{\\pi}{5}", "\\frac{\\pi}{7}", "1", "2"])
+        fn, other = rng.sample(["\\sin", "\\cos", "\\tan"], 2)
+        return (
+            f"{k}{fn}{{{angle}}}",
+            [f"{k}{fn}{{{angle}}}", f"{k}{fn}({angle})", f"{k} {fn} {angle}"],
+            [f"{k + 1}{fn}{{{angle}}}", f"{k}{other}{{{angle}}}"],
+        )
+    if kind == "two letters":
+        return (
+            f"{a}xy",
+            [f"{a}xy", f"{a}yx", f"{a} x y", f"{a}\\cdot xy"],
+            [f"{a + 1}xy", f"{a}x^2y", f"{a}x+y"],
+        )
+    if kind == "letter root":
+        return (
+            f"{k}\\sqrt{{x}}",
+            [f"{k}\\sqrt{{x}}", f"\\sqrt{{{k * k}x}}", f"{k}x^{{1/2}}"],
+            [f"{k}\\sqrt{{2x}}", f"{k + 1}\\sqrt{{x}}", f"{k}x"],
+        )
+    if kind == "line":
+        return (
+            f"y={a}x+{b}",
+            [f"y={a}x+{b}", f"y = {b} + {a}x", f"y={a}x+{b}"],
+            [f"y={a}x-{b}", f"y={b}x+{a}"],
+        )
+    if kind == "binomial":
+        n, r = rng.randint(6, 12), rng.randint(2, 4)
+        value = math.comb(n, r)
+        return (
+            str(value),
+            [str(value), f"\\binom{{{n}}}{{{r}}}", f"\\dbinom{{{n}}}{{{r}}}"],
+            [
+                str(value + n),
+                f"\\binom{{{n + 1}}}{{{r}}}",  # never equal: C(n+1, r) > C(n, r)
+                str(math.perm(n, r)),
+            ],
+        )
+    return (
+        f"{k}.{a % 10}\\times 10^{{{b}}}",
+        [
+            f"{k}.{a % 10}\\times 10^{{{b}}}",
+            f"{k}.{a % 10} \\cdot 10^{{{b}}}",
+            f"{k * 10 + a % 10}\\times 10^{{{b - 1}}}",
+        ],
+        [f"{k}.{a % 10}\\times 10^{{{b + 1}}}", f"{k}.{(a + 1) % 10}\\times 10^{{{b}}}"],
+    )
+
+
+def _fresh_response(rng: random.Random, answer: str, earlier: str) -> str:
+    """A response around answer: mostly boxed in <answer>, some bare in the block, untagged, or in shapes neither
+    earlier workload writes (a "Final answer:" line, \\(\\boxed{}\\), a box then a remark)."""
+    steps = "".join(
+        f"{i}. {rng.choice(['Let us compute', 'Simplify the expression', 'Apply the formula', 'So we obtain'])}"
+        f" {'term ' * rng.randint(2, 25)}\n"
+        for i in range(1, rng.randint(2, 7))
+    )
+    shape = rng.random()
+    if shape < 0.6:
+        return f"<think>\n{steps}</think>\n<answer>\n{rng.choice(['', 'Thus ', 'Hence the answer is '])}\\boxed{{{answer}}}\n</answer>"
+    if shape < 0.7:
+        return f"<think>\n{steps}</think>\n<answer>\nFinal answer: ${answer}$\n</answer>"
+    if shape < 0.8:
+        return f"<think>\n{steps}</think>\n<answer>\n\\(\\boxed{{{answer}}}\\)\n</answer>"
+    if shape < 0.9:
+        return f"{steps}Therefore the result is $\\boxed{{{answer}}}$."
+    return f"<think>\n{steps}I first wrote \\boxed{{{earlier}}}.\nActually, that is off.\n</think>\n<answer>\n\\boxed{{{answer}}} (checked)\n</answer>"
+
+
+def fresh_policy_answers(n: int, seed: int) -> list[tuple[str, str, bool]]:
+    """n (response, truth, right) items, 8 samples per prompt, about 60 % right, in _fresh_problem's kinds."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str, bool]] = []
+    while len(out) < n:
+        truth, right, wrong = _fresh_problem(rng)
+        for _ in range(8):
+            correct = rng.random() < 0.6
+            answer = rng.choice(right if correct else wrong)
+            out.append((_fresh_response(rng, answer, rng.choice(wrong)), truth, correct))
+    return out[:n]
+
+
 ORIGINAL_ENV = "ORIGINAL_MATH_REWARD"  # a path to the original recipe's new_math_reward.py
 ORIGINAL_MIRROR = Path(
     "/work/.mirror/hicann+cann-recipes-train/repo"
@@ -492,6 +634,9 @@ def policy(args, versions: dict[str, Path]) -> None:
     path = Path(args.workload)
     items = policy_workload(args.hostile_rate, args.seed, path)
     warm = [(a, t, ok) for a, t, ok in reward_cases.policy_answers(16, args.seed + 1000)]
+    # and 8 that only sympy decides, so that the reward's helpers are started and warm before the figure too (the
+    # 16 above all end in the cheap checks, which left the helpers' start and warm-up inside the timed run)
+    warm += [(a, t, None) for a, t in make_step(8, 0.0, args.seed + 1000, sympy_share=1.0)]
     module = _load_file(REWARD_PATH, "reward_policy_now")
     left = left_to_sympy(module, [(a, t) for a, t, _ in items])
     module.shutdown()

@@ -42,3 +42,14 @@ def test_a_share_outside_0_1_is_refused_in_one_line():
     )
     assert result.returncode == 2
     assert "--sympy-share within [0, 1]" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_fresh_policy_workload_is_what_its_generator_writes():
+    """tests/qwen2_5/reward_policy_fresh.jsonl is fresh_policy_answers(768, 2026), shares no answer with the other
+    two policy workloads, and about 60 % of it is right."""
+    from llm_rl.qwen2_5.bench_reward import FRESH_PATH, HELDOUT_PATH, fresh_policy_answers, policy_workload
+
+    items = policy_workload(0.0, 0, FRESH_PATH)
+    assert items == fresh_policy_answers(768, 2026)
+    assert not set(items) & (set(policy_workload(0.0, 0)) | set(policy_workload(0.0, 0, HELDOUT_PATH)))
+    assert 0.5 < sum(ok for *_, ok in items) / len(items) < 0.7
