@@ -116,7 +116,10 @@ def test_a_tree_it_cannot_place_is_refused_as_before(version, base_tree) -> None
         proc = cli(verb, "qwen2_5", "--target", tree)
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(err) == 1 and "using its series" not in proc.stderr, proc.stderr
-        assert f"is verl {version}" in err[0] and "not a base of qwen2_5 (its bases: 0.6.0, 0.7.1)" in err[0]
+        assert (
+            f"is verl {version}" in err[0]
+            and "not a base of qwen2_5 (its bases: 0.6.0, 0.7.1, 0.9.1)" in err[0]
+        )
     assert tree_bytes(tree) == before
 
 
