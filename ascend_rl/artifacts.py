@@ -218,8 +218,10 @@ def _index_page(project: str, timeout: int) -> dict[str, tuple[str, str | None]]
     """filename -> (absolute URL, sha256 or None) of every file the index lists for `project`."""
     base = os.environ.get("PIP_INDEX_URL", SIMPLE_INDEX).rstrip("/")
     url = f"{base}/{re.sub(r'[-_.]+', '-', project).lower()}/"
+    # a file:// index is a folder per project with its page as index.html, as pip reads it
+    page = url + "index.html" if url.startswith("file:") else url
     request = urllib.request.Request(
-        url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
+        page, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
     )
     try:
         with urllib.request.urlopen(request, timeout=min(timeout, 120)) as response:
@@ -230,7 +232,7 @@ def _index_page(project: str, timeout: int) -> dict[str, tuple[str, str | None]]
             raise DistributionMissing(f"{project} is not on the package index ({url}: {exc.code})") from exc
         raise unreachable(project, f"{url}: {exc}") from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise unreachable(project, f"{url}: {_network_reason(str(exc))}") from exc
+        raise unreachable(project, f"{url}: {_network_reason(str(getattr(exc, 'reason', exc)))}") from exc
     files: dict[str, tuple[str, str | None]] = {}
     if "json" in kind:
         for entry in json.loads(body).get("files", []):
@@ -265,7 +267,8 @@ def index_file(project: str, filename: str, sha256: str | None = None, timeout: 
                 ):
                     shutil.copyfileobj(response, out, 1 << 20)
             except (urllib.error.URLError, OSError) as exc:
-                raise unreachable(f"{project} ({filename})", _network_reason(str(exc))) from exc
+                reason = _network_reason(str(getattr(exc, "reason", exc)))
+                raise unreachable(f"{project} ({filename})", reason) from exc
             if digest is not None and sha256_of(part) != digest:
                 raise ChecksumError(f"{filename} from {url} does not match the index's sha256 {digest}")
             os.replace(part, target)  # atomic: a cached file is always complete
