@@ -83,6 +83,7 @@ def requirements(metadata_text: str) -> dict[str, Requirement]:
     return found
 
 
+@pytest.mark.slow
 def test_the_091_pins_are_what_vllm_ascend_vllm_and_verl_require(ascend_091, vllm_091, verl_091):
     ascend = requirements(_member(ascend_091, "/PKG-INFO"))
     for name in ("torch", "torch-npu", "torchvision", "torchaudio", "triton-ascend", "transformers"):
@@ -138,6 +139,7 @@ KNOWN_UNRESOLVED_091 = {
 }
 
 
+@pytest.mark.slow
 def test_the_patched_091_tree_imports_resolve_on_vllm_0_23_but_the_known_few(
     base_tree, vllm_091, transformers_091
 ):
@@ -168,6 +170,7 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     )
 
 
+@pytest.mark.slow
 def test_the_engine_shutdown_shared_0014_calls_exists_on_vllm_and_vllm_ascend_0_23(
     vllm_091, ascend_091, verl_091
 ):
@@ -193,6 +196,7 @@ def test_the_engine_shutdown_shared_0014_calls_exists_on_vllm_and_vllm_ascend_0_
     ) is None
 
 
+@pytest.mark.slow
 def test_the_launchers_vllm_environment_on_0_23(vllm_091, ascend_091):
     """The Qwen launcher exports VLLM_ASCEND_ENABLE_NZ=0 (vllm-ascend 0.23.0.post1 still reads it, default 1) and
     VLLM_USE_V1=1, which vLLM 0.23.0 no longer has (V1 is its only engine): inert on this base."""
