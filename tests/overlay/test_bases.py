@@ -235,6 +235,23 @@ def test_a_0_7_1_tree_given_to_the_0_6_0_series_is_named_and_what_it_already_car
     assert status.returncode == 0 and status.stdout.count("applicable") == n, status.stdout
 
 
+def test_a_0_9_1_tree_given_to_the_0_7_1_series_is_named_and_what_it_already_carries(pristine_base) -> None:
+    tree = pristine_base("0.9.1")
+    proc = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
+    assert proc.returncode == 1 and "pass --base 0.9.1" in proc.stderr
+    assert "is verl 0.9.1 (the PyPI sdist verl-0.9.1.tar.gz), a base of qwen2_5" in proc.stderr
+    forced = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree, "--force")
+    rows = {
+        ln.split()[1]: ln.split()[0]
+        for ln in forced.stdout.splitlines()
+        if ln.split()[1:2] and ln.split()[1].startswith("shared-")
+    }
+    # retired with the 0.9.1 lines recorded in recipe.toml; shared-0013's files moved (ported as shared-0014)
+    assert rows["shared-0009"] == "carried" and "vllm_async_server.py:321-322" in forced.stdout
+    assert rows["shared-0011"] == "carried" and "ray_trainer.py:531" in forced.stdout
+    assert rows["shared-0013"] == "conflicting" and rows["shared-0012"] == "applicable"
+
+
 def test_status_says_when_a_tree_of_the_right_version_differs_from_the_release(verl_tree: Path) -> None:
     clean = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
     assert clean.returncode == 0 and "differ from verl 0.6.0" not in clean.stdout

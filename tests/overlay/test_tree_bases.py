@@ -73,13 +73,18 @@ def site_packages(pristine: Path, dest: Path, *versions: str) -> Path:
     return dest
 
 
-def test_a_pip_installed_verl_is_patched_on_its_version(tmp_path, pristine_base) -> None:
-    site = site_packages(pristine_base("0.6.0"), tmp_path / "lib" / "python3.11" / "site-packages", "0.6.0")
+@pytest.mark.parametrize("base", ["0.6.0", "0.9.1"])
+def test_a_pip_installed_verl_is_patched_on_its_version(base, tmp_path, pristine_base) -> None:
+    site = site_packages(pristine_base(base), tmp_path / "lib" / "python3.11" / "site-packages", base)
+    before = tree_bytes(site)
     proc = cli("apply", "qwen2_5", "--target", site)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines() == [told("qwen2_5", "0.6.0", " (pip-installed)")]
-    n = len(manifest.load_recipe("qwen2_5", "0.6.0").series)
+    assert proc.stderr.splitlines() == [told("qwen2_5", base, " (pip-installed)")]
+    n = len(manifest.load_recipe("qwen2_5", base).series)
     assert f"applied {n} of {n} patches" in proc.stdout and "drops the patches" in proc.stdout
+    revert = cli("revert", "qwen2_5", "--target", site)
+    assert revert.returncode == 0 and f"reverted {n} of {n} patches" in revert.stdout, revert.stderr
+    assert tree_bytes(site) == before
 
 
 def test_a_pip_installed_verl_of_two_versions_is_refused(tmp_path, pristine_base) -> None:
