@@ -124,7 +124,9 @@ def main() -> None:
     failed.set_exception(ValueError("the engine's update_weights_from_ipc failed"))
     returned: concurrent.futures.Future = concurrent.futures.Future()
     returned.set_result(None)
-    _send(failed)  # a first sync pays one-time costs (zmq's context, shared memory, the event loop): not timed
+    _send(
+        failed
+    )  # a first sync pays one-time costs (zmq's context, shared memory, the event loop): not timed
     result = {
         "tree": str(args.tree),
         "verl_file": bwt.__file__,
