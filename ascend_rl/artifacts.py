@@ -41,7 +41,8 @@ CONSTRAINTS = REPO / "constraints.txt"
 
 
 def pinned(name: str, constraints: Path = CONSTRAINTS) -> str:
-    """The version constraints.txt pins for `name` (the one place stack versions are written)."""
+    """The version `constraints` (constraints.txt, or a base's own stack file) pins for `name`: the one place
+    each stack's versions are written."""
     want = name.lower().replace("_", "-")
     for raw in constraints.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
