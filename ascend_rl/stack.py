@@ -4,6 +4,10 @@ Run after scripts/install_npu_stack.sh (it ends with this check): a later `pip i
 that silently replaced a pinned version (transformers, torch, ...) shows up here
 before a training run does. Local version labels are ignored (torch 2.8.0+cpu is 2.8.0).
 
+Each verl base of a recipe may pin a stack of its own: its table in recipe.toml names the file
+(`constraints = "constraints-0.9.1.txt"`), and `--recipe R --base B` checks that file; a base
+without one uses constraints.txt.
+
 Terms: a *recipe extra* is a pinned package that only some recipes install; a recipe lists
 its own under `[stack] extras` in llm_rl/<recipe>/recipe.toml (the DeepSeek recipe's Megatron
 stack). Without --recipe only the shared pins are checked; with it, the shared pins and that
@@ -21,7 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ascend_rl import manifest
-from ascend_rl.paths import RECIPES
+from ascend_rl.paths import RECIPES, REPO
 
 GIT_SOURCE = "git-source:"
 
@@ -61,6 +65,15 @@ def recipe_extras(recipes: Path = RECIPES) -> dict[str, list[str]]:
         name: list(data.get("stack", {}).get("extras", []))
         for name, data in manifest.recipe_manifests(recipes).items()
     }
+
+
+def base_constraints(recipe: str, base: str | None = None) -> Path:
+    """The constraints file of `recipe` on `base` (default: its default base): the base table's `constraints`
+    in its recipe.toml (a path from the repository root), else constraints.txt. UsageError for an unknown
+    recipe or base."""
+    spec = manifest.load_recipe(recipe, base)
+    table = manifest.manifest_bases(manifest.read_toml(spec.folder / "recipe.toml"))[spec.version]
+    return REPO / str(table.get("constraints", "constraints.txt"))
 
 
 def select_pins(

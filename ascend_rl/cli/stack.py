@@ -8,8 +8,18 @@ import tomllib
 from pathlib import Path
 
 from ascend_rl import stack as _library
+from ascend_rl.errors import UsageError
 from ascend_rl.paths import REPO
-from ascend_rl.stack import GIT_SOURCE, _norm, check, read_git_sources, read_pins, recipe_extras, select_pins
+from ascend_rl.stack import (
+    GIT_SOURCE,
+    _norm,
+    base_constraints,
+    check,
+    read_git_sources,
+    read_pins,
+    recipe_extras,
+    select_pins,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,11 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--constraints",
         type=Path,
-        default=REPO / "constraints.txt",
-        help="pins to check (default: %(default)s)",
+        help="pins to check (default: the --base's file in recipe.toml, else constraints.txt)",
     )
     parser.add_argument(
         "--recipe", help="also check this recipe's [stack] extras (llm_rl/<recipe>/recipe.toml)"
+    )
+    parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="with --recipe: check the stack of this verl base (its constraints file in recipe.toml)",
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="check only these packages")
     parser.add_argument(
@@ -32,6 +46,20 @@ def main(argv: list[str] | None = None) -> int:
         "--git-source", metavar="NAME", help="print NAME's git URL and commit from constraints.txt and exit"
     )
     args = parser.parse_args(argv)
+    if args.base is not None and args.recipe is None:
+        print(
+            "stack: error: --base needs --recipe (the recipe.toml that names the base's stack)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.constraints is None:
+        args.constraints = REPO / "constraints.txt"
+        if args.base is not None:
+            try:
+                args.constraints = base_constraints(args.recipe, args.base)
+            except UsageError as exc:
+                print(f"stack: error: {exc}", file=sys.stderr)
+                return 2
     if not args.constraints.is_file():
         print(f"stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
         return 2
@@ -77,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         what = ", ".join(f"{n} {g} (pinned {p}, {s})" for n, p, g, s in bad)
         print(
             f"stack: error: {len(bad)} package(s) off the pins: {what}; "
-            "rerun scripts/install_npu_stack.sh or pip install -c constraints.txt <name>",
+            f"rerun scripts/install_npu_stack.sh or pip install -c {args.constraints.name} <name>",
             file=sys.stderr,
         )
         return 1

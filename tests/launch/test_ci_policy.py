@@ -10,6 +10,7 @@ in one process and on two xdist workers.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -91,6 +92,57 @@ def test_megatron_packages_from_an_index_that_refuses_the_connection_is_unreacha
     assert type(exc) is artifacts.IndexUnreachable
     assert "cannot reach the package index" in str(exc) and "Connection refused" in str(exc)
     assert not list((Path(os.environ["RECIPES_CACHE"])).glob("megatron-*"))  # nothing half-built is kept
+
+
+def _simple_index(
+    root: Path, project: str, files: dict[str, bytes], digests: dict[str, str] | None = None
+) -> str:
+    """A PEP 503 index on disk holding `files` for `project` (each linked with its sha256, or the one given)."""
+    page = root / project
+    page.mkdir(parents=True)
+    links = []
+    for name, data in files.items():
+        (page / name).write_bytes(data)
+        digest = (digests or {}).get(name) or hashlib.sha256(data).hexdigest()
+        links.append(f'<a href="{name}#sha256={digest}">{name}</a>')
+    (page / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
+    return root.as_uri()
+
+
+def test_a_file_pip_would_build_is_fetched_by_name_checked_and_cached(pip_env, tmp_path):
+    pip_env.setenv(
+        "PIP_INDEX_URL", _simple_index(tmp_path / "index", "pkg-x", {"pkg_x-1.0.tar.gz": b"sdist"})
+    )
+    got = artifacts.index_file("pkg_x", "pkg_x-1.0.tar.gz")
+    assert got.read_bytes() == b"sdist" and got.parent == artifacts.cache_dir()
+    (tmp_path / "index" / "pkg-x" / "pkg_x-1.0.tar.gz").unlink()  # cached: the index is not asked again
+    assert artifacts.index_file("pkg_x", "pkg_x-1.0.tar.gz") == got
+    missing = _error(artifacts.index_file, "pkg_x", "pkg_x-9.9.tar.gz")
+    assert type(
+        missing
+    ) is artifacts.DistributionMissing and "pkg_x-9.9.tar.gz is not on the package index" in str(missing)
+    with pytest.raises(artifacts.ChecksumError):
+        artifacts.index_file("pkg_x", "pkg_x-1.0.tar.gz", sha256="0" * 64)
+
+
+def test_a_file_that_does_not_match_the_index_digest_is_not_kept(pip_env, tmp_path):
+    name = "pkg_y-1.0.tar.gz"
+    pip_env.setenv(
+        "PIP_INDEX_URL", _simple_index(tmp_path / "index", "pkg-y", {name: b"y"}, {name: "1" * 64})
+    )
+    with pytest.raises(artifacts.ChecksumError, match="does not match the index's sha256"):
+        artifacts.index_file("pkg-y", name)
+    assert not (artifacts.cache_dir() / name).exists()
+
+
+def test_a_file_from_an_index_that_refuses_the_connection_is_unreachable(pip_env):
+    pip_env.setenv("PIP_INDEX_URL", REFUSED)
+    exc = _error(artifacts.index_file, "vllm-ascend", "vllm_ascend-0.23.0.post1.tar.gz")
+    assert type(exc) is artifacts.IndexUnreachable
+    assert str(exc) == (
+        f"vllm-ascend: cannot reach the package index ({REFUSED}/vllm-ascend/: [Errno 111] Connection refused): "
+        "check the network"
+    )
 
 
 def test_a_name_that_does_not_resolve_is_unreachable(pip_env):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ascend_rl import manifest
-from ascend_rl.errors import UsageError
+from ascend_rl.errors import OverlayError, UsageError
 from ascend_rl.paths import REPO
 
 
@@ -29,6 +29,13 @@ def test_each_base_and_profile_resolves_to_its_tree_and_die(recipe):
     for base in first.bases:
         npu = manifest.resolve_launch(recipe, base)
         assert npu.base == base and npu.verl_dir.name == f"verl-{base}" and npu.die in ("A2", "A3")
+        if base not in manifest.overlay_series(manifest.overlay_manifests()["cpu"]):
+            # a base the CPU overlay has no series for yet (qwen2_5 0.9.1): the CPU launch is refused in one line
+            with pytest.raises(
+                OverlayError, match=f'add a \\[bases."{base}"\\] series to patches/cpu/overlay.toml'
+            ):
+                manifest.resolve_launch(recipe, base, "cpu")
+            continue
         cpu = manifest.resolve_launch(recipe, base, "cpu")
         assert cpu.verl_dir.name == f"verl-{base}-cpu"
         assert cpu.recipe.series[: len(npu.recipe.series)] == npu.recipe.series
@@ -50,7 +57,10 @@ def test_the_shell_form_evals_into_the_launchers_variables():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["qwen2_5", "--base", "0.8.0"], "recipe qwen2_5 has no verl base 0.8.0; its bases: 0.6.0, 0.7.1"),
+        (
+            ["qwen2_5", "--base", "0.8.0"],
+            "recipe qwen2_5 has no verl base 0.8.0; its bases: 0.6.0, 0.7.1, 0.9.1",
+        ),
         (
             ["deepseek_r1", "--base", "0.9"],
             "recipe deepseek_r1 has no verl base 0.9; its bases: 0.6.0, 0.7.1",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ascend_rl import manifest
 from ascend_rl import stack as check_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +54,33 @@ def test_check_stack_passes_when_installed_versions_match(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "stack matches constraints.txt (2 packages)" in proc.stdout
+
+
+def test_a_base_with_a_stack_of_its_own_is_checked_against_it():
+    """--recipe R --base B reads the file B's table in recipe.toml names; a base without one, constraints.txt."""
+    assert check_stack.base_constraints("qwen2_5", "0.9.1") == REPO / "constraints-0.9.1.txt"
+    assert check_stack.base_constraints("qwen2_5", "0.7.1") == CONSTRAINTS
+    run = [
+        sys.executable,
+        "-m",
+        "ascend_rl",
+        "stack",
+        "--recipe",
+        "qwen2_5",
+        "--base",
+        "0.9.1",
+        "--only",
+        "vllm-ascend",
+    ]
+    proc = subprocess.run(run, capture_output=True, text=True)
+    assert proc.returncode == 1 and "0.23.0.post1" in proc.stdout, proc.stdout + proc.stderr
+    assert "pip install -c constraints-0.9.1.txt <name>" in proc.stderr
+    for argv, said in (
+        (["--base", "0.9.1"], "stack: error: --base needs --recipe"),
+        (["--recipe", "qwen2_5", "--base", "0.8.0"], "stack: error: recipe qwen2_5 has no verl base 0.8.0"),
+    ):
+        proc = subprocess.run([*run[:4], *argv], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(said) and len(proc.stderr.splitlines()) == 1
 
 
 def test_check_stack_fails_on_drift_and_on_a_missing_package(tmp_path):
@@ -364,13 +392,24 @@ def pin_pattern(name: str, version: str) -> re.Pattern:
     )
 
 
+def constraint_files() -> list[Path]:
+    """constraints.txt and every base's own stack file (recipe.toml's `constraints`)."""
+    files = {CONSTRAINTS}
+    for name in manifest.recipe_names():
+        files.update(check_stack.base_constraints(name, base) for base in manifest.load_recipe(name).bases)
+    return sorted(files)
+
+
 def test_no_stack_version_is_written_twice():
-    """A pin of a constraints.txt package lives only there (prose such as 'vLLM 0.13.0' is fine)."""
-    pins = check_stack.read_pins(CONSTRAINTS)
+    """A pin of a constraints file's package lives only in the constraints files (prose such as 'vLLM 0.13.0' is
+    fine); each base's stack file is one of them (constraints-0.9.1.txt)."""
+    files = constraint_files()
+    assert REPO / "constraints-0.9.1.txt" in files
+    pins = [pin for path in files for pin in check_stack.read_pins(path)]
     assert pins
     offenders = []
     for path in _repo_files():
-        if path == CONSTRAINTS or path.stat().st_size > 2_000_000:
+        if path in files or path.stat().st_size > 2_000_000:
             continue
         try:
             text = path.read_text()
@@ -380,7 +419,7 @@ def test_no_stack_version_is_written_twice():
             for match in pin_pattern(name, version).finditer(text):
                 line = text.count("\n", 0, match.start()) + 1
                 offenders.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)}")
-    assert not offenders, "stack versions written outside constraints.txt:\n" + "\n".join(offenders)
+    assert not offenders, "stack versions written outside the constraints files:\n" + "\n".join(offenders)
 
 
 @pytest.mark.parametrize(

@@ -73,13 +73,18 @@ def site_packages(pristine: Path, dest: Path, *versions: str) -> Path:
     return dest
 
 
-def test_a_pip_installed_verl_is_patched_on_its_version(tmp_path, pristine_base) -> None:
-    site = site_packages(pristine_base("0.6.0"), tmp_path / "lib" / "python3.11" / "site-packages", "0.6.0")
+@pytest.mark.parametrize("base", ["0.6.0", "0.9.1"])
+def test_a_pip_installed_verl_is_patched_on_its_version(base, tmp_path, pristine_base) -> None:
+    site = site_packages(pristine_base(base), tmp_path / "lib" / "python3.11" / "site-packages", base)
+    before = tree_bytes(site)
     proc = cli("apply", "qwen2_5", "--target", site)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines() == [told("qwen2_5", "0.6.0", " (pip-installed)")]
-    n = len(manifest.load_recipe("qwen2_5", "0.6.0").series)
+    assert proc.stderr.splitlines() == [told("qwen2_5", base, " (pip-installed)")]
+    n = len(manifest.load_recipe("qwen2_5", base).series)
     assert f"applied {n} of {n} patches" in proc.stdout and "drops the patches" in proc.stdout
+    revert = cli("revert", "qwen2_5", "--target", site)
+    assert revert.returncode == 0 and f"reverted {n} of {n} patches" in revert.stdout, revert.stderr
+    assert tree_bytes(site) == before
 
 
 def test_a_pip_installed_verl_of_two_versions_is_refused(tmp_path, pristine_base) -> None:
@@ -116,7 +121,10 @@ def test_a_tree_it_cannot_place_is_refused_as_before(version, base_tree) -> None
         proc = cli(verb, "qwen2_5", "--target", tree)
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(err) == 1 and "using its series" not in proc.stderr, proc.stderr
-        assert f"is verl {version}" in err[0] and "not a base of qwen2_5 (its bases: 0.6.0, 0.7.1)" in err[0]
+        assert (
+            f"is verl {version}" in err[0]
+            and "not a base of qwen2_5 (its bases: 0.6.0, 0.7.1, 0.9.1)" in err[0]
+        )
     assert tree_bytes(tree) == before
 
 

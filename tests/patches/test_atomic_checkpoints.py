@@ -34,7 +34,7 @@ def _run(tree: Path, mode: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("base", ["0.6.0", "0.7.1"])
+@pytest.mark.parametrize("base", ["0.6.0", "0.7.1", "0.9.1"])
 def test_a_save_killed_anywhere_resumes_from_a_complete_checkpoint(base, pristine_base, tmp_path):
     recipe = manifest.load_recipe("qwen2_5", base)
     assert any(p.name.startswith("shared-0012") for p in recipe.series)
@@ -55,7 +55,7 @@ def test_a_save_killed_anywhere_resumes_from_a_complete_checkpoint(base, pristin
     assert after_tracker and all(r["resumes_at"] == 2 for r in after_tracker)
 
 
-@pytest.mark.parametrize("base", ["0.6.0", "0.7.1"])
+@pytest.mark.parametrize("base", ["0.6.0", "0.7.1", "0.9.1"])
 def test_resume_skips_an_incomplete_checkpoint_in_one_line(base, pristine_base, tmp_path):
     recipe = manifest.load_recipe("qwen2_5", base)
     patched = overlay.materialise(recipe, tmp_path / "patched", log=lambda m: None)

@@ -32,7 +32,9 @@ def canonical(name: str) -> str:
 def requirement_files(root: Path = ROOT) -> list[Path]:
     """Every file pip reads requirements or constraints from here."""
     files = [*sorted(root.glob("requirements*.txt")), *sorted(root.glob("requirements*.lock"))]
-    return files + [p for p in (root / "constraints.txt",) if p.is_file()]
+    return files + sorted(
+        root.glob("constraints*.txt")
+    )  # constraints.txt and each base's own (constraints-0.9.1.txt)
 
 
 def pins(path: Path) -> dict[str, str]:
