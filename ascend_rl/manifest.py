@@ -5,7 +5,8 @@ base, applied on top of a recipe's).
 A recipe manifest names its bases as `[bases."<version>"]` tables (tag, commit, sdist, sdist_sha256,
 series, optionally `retired`: the patches of another base this one no longer needs, with the evidence)
 and the default as `[upstream] default_base`. The older one-base form (`[upstream] version` with
-`[patches] series`) still reads, as a recipe with that single base.
+`[patches] series`) still reads, as a recipe with that single base. `[recipe] die` names the NPU die its launches
+run on, `[reward] path` and `function` the reward file (relative to the repository root) the launchers hand to verl.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ class Recipe:
     cpu_overrides: tuple[str, ...] = ()  # and on top of the CPU profile's, when the launch runs on CPU
     # environment the CPU profile sets on this base (a user's value wins)
     cpu_env: tuple[tuple[str, str], ...] = ()
+    die: str = ""  # the NPU die its launches run on ([recipe] die)
+    reward: str = ""  # the reward file, relative to the repository root ([reward] path; "": none)
+    reward_function: str = ""  # the function verl calls in it ([reward] function)
 
     @property
     def recipe(self) -> str:
@@ -165,6 +169,9 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             overrides=tuple(str(o) for o in table.get("overrides", ())),
             cpu_overrides=tuple(str(o) for o in table.get("cpu_overrides", ())),
             cpu_env=tuple((str(k), str(v)) for k, v in table.get("cpu_env", {}).items()),
+            die=str(data.get("recipe", {}).get("die", "")),
+            reward=str(data.get("reward", {}).get("path", "")),
+            reward_function=str(data.get("reward", {}).get("function", "")),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
@@ -227,16 +234,40 @@ CPU_OVERLAY = "cpu"  # the overlay a CPU launch runs on top of the recipe's seri
 @dataclass(frozen=True)
 class Launch:
     """Everything a launch of a recipe needs that depends on the recipe and its base, resolved once: the launchers,
-    ray_start.sh and the installer read it (`python3 -m ascend_rl resolve`). The preflight still resolves the base
-    from its name itself (issue 44, item 2: it should take this object)."""
+    ray_start.sh and the installer read it (`python3 -m ascend_rl resolve`), the preflight is handed it. Its pins
+    (tag, commit, sdist and its sha256) and series are its recipe's on the resolved base."""
 
-    recipe: Recipe  # on the resolved base; with the CPU overlay's series for the cpu profile
+    recipe: Recipe  # on the resolved base; with the overlay's series on top (the CPU overlay's for the cpu profile)
     base: str
     profile: str
     verl_dir: Path  # the tree the launch runs unless the user names another (VERL_DIR)
     overrides: tuple[str, ...]  # the base's, then (cpu profile) the base's CPU ones
     die: str | None
     cpu_env: tuple[tuple[str, str], ...] = ()  # (cpu profile) the base's environment for the CPU run
+    overlay: str = ""  # the overlay series on top of the recipe's ("" for none)
+    reward: Path | None = None  # the reward file verl loads by path (custom_reward_function.path)
+    reward_function: str = ""  # and the function in it (custom_reward_function.name)
+
+    @property
+    def name(self) -> str:
+        """The recipe's folder name (qwen2_5, deepseek_r1)."""
+        return self.recipe.recipe
+
+    @property
+    def disposable(self) -> bool:
+        """Whether the default tree is an overlay's own (llm_rl/<recipe>/verl-<base>-<overlay>/: nothing but the
+        series, rebuilt when it no longer takes it); the recipe's own tree and a user's are never removed."""
+        return bool(self.overlay)
+
+    def pin(self) -> dict[str, str]:
+        """The base's pin: its tag, commit (may be empty), source distribution and its sha256."""
+        spec = self.recipe
+        return {
+            "tag": spec.tag,
+            "commit": spec.commit,
+            "sdist": spec.sdist,
+            "sdist_sha256": spec.sdist_sha256,
+        }
 
     def shell(self) -> str:
         """The launch as bash assignments for `eval` (every value quoted)."""
@@ -252,6 +283,8 @@ class Launch:
                 f"BASE_CPU_OVERRIDES={array(self.overrides[len(self.recipe.overrides) :])}",
                 f"BASE_CPU_ENV={array(f'{k}={v}' for k, v in self.cpu_env)}",
                 f"RECIPE_DIE={shlex.quote(self.die or '')}",
+                f"RECIPE_REWARD={shlex.quote(str(self.reward or ''))}",
+                f"RECIPE_REWARD_FN={shlex.quote(self.reward_function)}",
             ]
         )
 
@@ -263,25 +296,45 @@ class Launch:
             "bases": list(self.recipe.bases),
             "profile": self.profile,
             "verl_dir": str(self.verl_dir),
+            "overlay": self.overlay or None,
             "series": [
                 str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in self.recipe.series
             ],
+            "pin": self.pin(),
             "overrides": list(self.overrides),
             "cpu_env": dict(self.cpu_env),
             "die": self.die,
+            "reward": {"path": str(self.reward) if self.reward else None, "function": self.reward_function},
             "image": self.recipe.image,
         }
 
 
-def resolve_launch(recipe: str, base: str | None = None, profile: str = "npu") -> Launch:
-    """The one resolution of (recipe, base, profile): an unknown recipe, base or profile is refused in one line
-    (UsageError) the same way for every launcher."""
+def resolve_launch(
+    recipe: str, base: str | None = None, profile: str = "npu", overlay: str | None = None
+) -> Launch:
+    """The one resolution of (recipe, base, profile): an unknown recipe, base, profile or overlay is refused in one
+    line (UsageError) the same way for every launcher. `overlay` names the series on top of the recipe's (default:
+    the profile's, the CPU overlay for cpu and none for npu)."""
     if profile not in PROFILES:
         raise UsageError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
     spec = load_recipe(recipe, base or None)
     overrides = spec.overrides
+    if overlay is None:
+        overlay = CPU_OVERLAY if profile == "cpu" else ""
+    if overlay:
+        spec = with_overlay(spec, overlay)
     if profile == "cpu":
-        spec = with_overlay(spec, CPU_OVERLAY)
         overrides += spec.cpu_overrides
     env = spec.cpu_env if profile == "cpu" else ()
-    return Launch(spec, spec.version, profile, spec.default_target, overrides, recipe_die(spec.recipe), env)
+    return Launch(
+        spec,
+        spec.version,
+        profile,
+        spec.default_target,
+        overrides,
+        spec.die or None,
+        env,
+        overlay,
+        REPO / spec.reward if spec.reward else None,
+        spec.reward_function,
+    )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_rl import artifacts, diagnose, patchset, trees
+from ascend_rl import artifacts, diagnose, locks, patchset, trees
 from ascend_rl.errors import OverlayError, UsageError
 from ascend_rl.journal import (
     DEFAULT_WAIT,
@@ -446,6 +446,55 @@ def _change_series(
             label = f"{recipe.name} on {recipe.project} {recipe.version}"  # the journal knows the base
             (full if op == "apply" else base).flush(op, label, steps)
     return states
+
+
+@dataclass
+class Prepared:
+    """What `prepare` did to a tree: how the tree came to be there, and what the apply said (its closing line last)."""
+
+    how: str  # "" (the tree was there), "fetched" or "rebuilt"
+    said: list[str]
+
+
+def prepare(
+    recipe: Recipe, target: Path, *, disposable: bool = False, log: Callable[[str], None] = print
+) -> Prepared:
+    """A launch's tree made ready, as `overlay apply --fetch` makes it: the pinned tree fetched into `target` when it
+    holds no package, then the series applied (a no-op when applied); what fetch and apply say is returned, not
+    logged. A `disposable` tree (an overlay's own: nothing but the series) that no longer takes the series (a patch
+    changed since it was built) is removed and built again, said through `log`, under a lock beside it so two
+    launches do not rebuild it at once; any other tree is the user's: the refusal is raised, nothing is removed.
+    OverlayError names the step that refused as the overlay command that does it."""
+    if not disposable:
+        return _prepare(recipe, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with locks.exclusive(target.parent / f".{target.name}.lock"):
+        try:
+            return _prepare(recipe, target)
+        except OverlayError as exc:
+            if not (target / recipe.project / "__init__.py").is_file():
+                raise
+            log(f"{target} does not take the series any more ({exc}); rebuilding it")
+            shutil.rmtree(target)
+            return _prepare(recipe, target, "rebuilt")
+
+
+def _prepare(recipe: Recipe, target: Path, how: str = "fetched") -> Prepared:
+    named = f"{recipe.name.replace('+', ' --with ')} --base {recipe.version}"
+    said: list[str] = []
+    fetched = ""
+    if not (target / recipe.project / "__init__.py").is_file():
+        try:
+            fetch(recipe, "auto", target, log=said.append)
+        except OverlayError as exc:
+            raise OverlayError(f"overlay fetch {named} on {target} failed: overlay: error: {exc}") from exc
+        fetched = how
+    try:
+        root = resolve_target(recipe, target)
+        states = apply_checked(recipe, root, log=said.append)
+    except OverlayError as exc:
+        raise OverlayError(f"overlay apply {named} on {target} failed: overlay: error: {exc}") from exc
+    return Prepared(fetched, said + apply_summary(recipe, root, states))
 
 
 # --- fetch -----------------------------------------------------------------------------------------

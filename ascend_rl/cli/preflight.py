@@ -1,5 +1,7 @@
 """The preflight command (ascend_rl.preflight): check a launch before anything starts, print the report
-(and with --json the plan), exit 0 / 1 / 2."""
+(and with --json the plan), exit 0 / 1 / 2.
+
+It resolves the recipe and its base once (manifest.resolve_launch) and hands the Launch to every check."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ascend_rl import manifest
 from ascend_rl import preflight as _library
+from ascend_rl.errors import OverlayError
+from ascend_rl.memory_plan import short_plan_lines
 from ascend_rl.paths import REPO
 from ascend_rl.preflight import (
     MACHINE_CHECKS,
@@ -31,7 +36,6 @@ from ascend_rl.preflight import (
     check_rollout_budget,
     check_verl_config,
     compose,
-    default_verl_dir,
     install_tokenizer,
     key_facts,
     launch_plan,
@@ -62,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--verl-dir",
         type=Path,
-        help="verl project tree to fetch/patch and compose against (default llm_rl/<recipe>/verl)",
+        help="verl project tree to fetch/patch and compose against (default: the launch's, llm_rl/<recipe>/verl-<base>/ "
+        "or, --with OVERLAY, verl-<base>-OVERLAY/)",
     )
     parser.add_argument(
         "--tokenizer-config",
@@ -143,19 +148,18 @@ def _fail(out, lines: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, out, scratch: Path) -> int:
-    from ascend_rl import manifest
-    from ascend_rl.errors import OverlayError
-
     plan_out, out = (out, sys.stderr) if args.json else (None, out)
     try:
-        spec = manifest.load_recipe(args.recipe, args.base or None)
+        # the one resolution of recipe and base: every check below is handed it, none reads the manifest again
+        launch = manifest.resolve_launch(
+            args.recipe, args.base or None, "cpu" if args.cpu else "npu", overlay=args.overlay or ""
+        )
     except OverlayError as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    base = spec.version
-    verl_dir = (args.verl_dir or default_verl_dir(args.recipe, base)).resolve()
+    verl_dir = (args.verl_dir or launch.verl_dir).resolve()
     try:
-        tree = plan_tree(args.recipe, verl_dir, args.overlay, scratch, base)
+        tree = plan_tree(launch, verl_dir, scratch)
         cfg = compose(tree.view, args.config_name, args.overrides)
         check_override_types(compose(tree.view, args.config_name, [], resolve=False), cfg, args.overrides)
     except PreflightError as exc:
@@ -186,7 +190,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
     ):  # sizes that do not divide the devices cannot be planned (they divide by zero)
         memory, memory_plan = Check("memory", "skipped", "not planned: the layout above does not fit"), None
     else:
-        memory, memory_plan = check_memory(cfg, args.recipe, args.cpu)
+        memory, memory_plan = check_memory(cfg, launch.name, args.cpu)
     checks.append(memory)
     if args.cpu:
         checks.append(check_cpu_runtime())
@@ -224,8 +228,6 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         for key, value in key_facts(cfg):
             print(f"  {key} = {value}", file=out)
         if memory_plan is not None:
-            from ascend_rl.memory_plan import short_plan_lines
-
             print(
                 f"memory plan per die ({memory_plan.die.name}; python3 -m ascend_rl plan_memory for every term):",
                 file=out,
@@ -242,7 +244,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         # every check passed: now the launch may write
         try:
             if tree.change:
-                done_tree = prepare_tree(args.recipe, verl_dir, args.overlay, base=base)
+                done_tree = prepare_tree(launch, verl_dir)
                 print(f"preflight: {done_tree.detail}", file=out)
         except PreflightError as exc:
             return _fail(out, [str(exc)])
@@ -252,7 +254,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
                 return _fail(out, [done.detail])
             print(f"preflight: tokenizer: {done.detail}", file=out)
     if plan_out is not None:
-        plan = launch_plan(args, spec, verl_dir, plan_env(args.env), tree.view, changes)
+        plan = launch_plan(args, launch, verl_dir, plan_env(args.env), tree.view, changes)
         print(json.dumps(plan), file=plan_out)
     return 0
 

@@ -5,8 +5,10 @@
 
 The launchers run `eval "$(python3 -m ascend_rl resolve RECIPE --base B --profile P --shell)"` instead of reading
 recipe.toml themselves: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES and BASE_CPU_OVERRIDES
-(the base's Hydra overrides, from its [bases."B"] table) and RECIPE_DIE. An unknown recipe, base or profile is one
-line on stderr and exit 2, the same for every launcher.
+(the base's Hydra overrides, from its [bases."B"] table), BASE_CPU_ENV, RECIPE_DIE, and RECIPE_REWARD and
+RECIPE_REWARD_FN (the reward file verl loads and its function, from [reward]). The JSON form adds the series, the
+base's pin and the image. An unknown recipe, base or profile is one line on stderr and exit 2, the same for every
+launcher.
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ fi
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" || exit 1
 # The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
-# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV.
+# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV,
+# RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).
 # An unknown base: one line, exit 2 (python3 -m ascend_rl resolve --help).
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve qwen2_5 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
   || exit 2
@@ -124,8 +125,9 @@ OVERRIDES=(
   data.max_response_length=1024
   data.filter_overlong_prompts=True
   data.truncation=error
-  custom_reward_function.path="$RECIPE_DIR/new_math_reward.py"
-  custom_reward_function.name=compute_score_dict
+  # the reward file and function recipe.toml's [reward] names (resolved above)
+  custom_reward_function.path="$RECIPE_REWARD"
+  custom_reward_function.name="$RECIPE_REWARD_FN"
   actor_rollout_ref.model.path="$MODEL_DIR"
   actor_rollout_ref.model.use_shm=False
   actor_rollout_ref.model.use_remove_padding=True

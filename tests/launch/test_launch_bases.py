@@ -46,6 +46,17 @@ def test_an_unknown_base_is_refused_in_one_line_the_same_by_every_launcher(scrip
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("script", [LAUNCHERS[1], LAUNCHERS[2]])
+def test_every_launcher_hands_verl_the_reward_its_manifest_names(script, tmp_path, verl_tree):
+    """The reward path comes from the resolution (recipe.toml's [reward]), not from a path written in the launcher:
+    DeepSeek's manifest names the Qwen recipe's file, the one reward file users copy."""
+    launch = manifest.resolve_launch(script.parent.name, "0.6.0")
+    plan = dry_run_plan(run_launcher(script, ["--dry-run", "--json"], launcher_env(tmp_path, verl_tree)))
+    assert plan["overrides"]["custom_reward_function.path"] == str(launch.reward)
+    assert plan["overrides"]["custom_reward_function.name"] == launch.reward_function
+    assert "new_math_reward" not in script.read_text(), "the launcher names no reward file of its own"
+
+
 def test_a_missing_base_value_is_a_usage_error(tmp_path, verl_tree):
     missing = run_launcher(LAUNCHERS[0], ["--dry-run", "--base"], launcher_env(tmp_path, verl_tree))
     assert missing.returncode == 2 and "--base needs a version" in missing.stderr

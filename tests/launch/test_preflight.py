@@ -234,23 +234,22 @@ def _cpu_tree_with_a_changed_patch(tree: Path) -> Path:
     return trainer
 
 
-def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left_alone(
-    tmp_path, verl_tree, monkeypatch
-):
-    from ascend_rl import preflight
+def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left_alone(tmp_path, verl_tree):
+    from dataclasses import replace
+
+    from ascend_rl import manifest, preflight
 
     trainer = _cpu_tree_with_a_changed_patch(verl_tree)
-    # someone's own tree (VERL_DIR): refused, one line, nothing removed
-    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay, base=None: tmp_path / "elsewhere")
+    launch = manifest.resolve_launch("qwen2_5", "0.6.0", "cpu")
+    # someone's own tree (VERL_DIR), not the launch's llm_rl/<recipe>/verl-<base>-cpu: refused, one line, nothing removed
     # (the changed line reads as a local edit of an applied patch: the overlay says so, and refuses)
     with pytest.raises(preflight.PreflightError, match="was applied, then edited"):
-        preflight.prepare_tree("qwen2_5", verl_tree, "cpu", base="0.6.0")
+        preflight.prepare_tree(replace(launch, verl_dir=tmp_path / "elsewhere"), verl_tree)
     assert "# older" in trainer.read_text()
-    # the overlay's own tree (llm_rl/<recipe>/verl-<base>-cpu): rebuilt from the series
-    monkeypatch.setattr(preflight, "overlay_tree", lambda recipe, overlay, base=None: verl_tree)
+    # the overlay's own tree (the launch's default): rebuilt from the series
     said: list[str] = []
-    check = preflight.prepare_tree("qwen2_5", verl_tree, "cpu", log=said.append, base="0.6.0")
+    check = preflight.prepare_tree(replace(launch, verl_dir=verl_tree), verl_tree, log=said.append)
     assert check.status == "ok" and "rebuilt" in check.detail, check
-    assert len(said) == 1 and "rebuilding" in said[0], said
+    assert len(said) == 1 and "rebuilding" in said[0] and said[0].startswith("preflight: "), said
     assert "# older" not in trainer.read_text()
     assert "calculate_stale_probs_metrics(batch)" in trainer.read_text()

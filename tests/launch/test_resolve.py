@@ -83,3 +83,37 @@ def test_the_json_form_names_the_series_in_order():
     assert data["series"] == want and data["base"] == "0.6.0" and data["default_base"] == "0.7.1"
     with pytest.raises(UsageError):
         manifest.resolve_launch("qwen2_5", "0.5.0")
+
+
+@pytest.mark.parametrize("recipe", manifest.recipe_names())
+def test_the_reward_is_the_manifests_one_file_and_its_function_takes_verls_call(recipe):
+    """Each recipe.toml names its reward ([reward] path, function); the resolution hands it on as an absolute path,
+    and verl's naive reward manager could call that function in that file (the preflight's own reading of it)."""
+    from ascend_rl import preflight
+
+    launch = manifest.resolve_launch(recipe)
+    assert launch.reward is not None and launch.reward.is_file() and launch.reward.is_relative_to(REPO)
+    assert preflight.reward_function_problem(launch.reward, launch.reward_function, "naive", {}) is None
+    data = json.loads(_cli(recipe).stdout)
+    assert data["reward"] == {"path": str(launch.reward), "function": launch.reward_function}
+    assert data["pin"]["sdist_sha256"] == launch.recipe.sdist_sha256 and data["die"] == launch.die
+    script = launch.shell() + '\nprintf "%s\\n" "$RECIPE_REWARD" "$RECIPE_REWARD_FN"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [str(launch.reward), launch.reward_function]
+
+
+def test_the_deepseek_recipe_scores_with_the_one_reward_file_users_copy():
+    rewards = {manifest.resolve_launch(r).reward for r in manifest.recipe_names()}
+    assert rewards == {REPO / "llm_rl" / "qwen2_5" / "new_math_reward.py"}
+
+
+def test_an_overlay_the_profile_does_not_imply_goes_on_top_into_its_own_tree():
+    """The preflight's --with: the overlay's series on top of the recipe's, its tree the overlay's own (disposable);
+    the npu profile with no overlay names the recipe's tree, which is never disposable."""
+    npu = manifest.resolve_launch("qwen2_5", "0.6.0")
+    assert npu.overlay == "" and not npu.disposable
+    cpu_series = manifest.resolve_launch("qwen2_5", "0.6.0", "npu", overlay="cpu")
+    assert cpu_series.verl_dir.name == "verl-0.6.0-cpu" and cpu_series.disposable
+    assert cpu_series.overrides == npu.overrides, "the overlay alone adds no CPU overrides"
+    with pytest.raises(UsageError, match="unknown overlay 'gpu'"):
+        manifest.resolve_launch("qwen2_5", overlay="gpu")

@@ -409,3 +409,35 @@ def test_status_on_the_default_base_names_the_series_not_local_edits(base_tree):
     status = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
     assert "this tree carries recipe deepseek_r1 --base 0.7.1's series" in status.stdout, status.stdout
     assert "local edits" not in status.stdout and "overlay.py" not in status.stdout + status.stderr
+
+
+def test_prepare_fetches_an_absent_tree_applies_the_series_and_then_has_nothing_to_do(
+    tmp_path, verl_sdist_path
+):
+    """overlay.prepare, the launch's way onto a tree (the preflight's, after every check passed): the pinned sdist
+    fetched into an absent target and the series applied; a second call fetches nothing and applies nothing."""
+    target = tmp_path / "verl-0.6.0"
+    first = overlay.prepare(PIN, target)
+    assert first.how == "fetched" and first.said[-1].endswith(
+        f"{len(PIN.series)} of {len(PIN.series)} patches on {target}"
+    )
+    before = tree_hash(target)
+    again = overlay.prepare(PIN, target)
+    assert again.how == "" and again.said == [
+        f"{PIN.name}: all {len(PIN.series)} patches already applied on {target}; nothing to do"
+    ]
+    assert tree_hash(target) == before
+
+
+def test_prepare_refuses_a_user_tree_that_does_not_take_the_series_and_removes_nothing(tmp_path, verl_tree):
+    """Not disposable (a user's VERL_DIR): the refusal names the overlay command of the step, the tree stays."""
+    padding = verl_tree / PADDING
+    line = "from transformers.integrations.npu_flash_attention import pad_input, unpad_input"
+    assert line in padding.read_text()
+    padding.write_text(padding.read_text().replace(line, "from my_npu_kernels import pad_input, unpad_input"))
+    before = tree_hash(verl_tree)
+    with pytest.raises(
+        overlay.OverlayError, match=r"^overlay apply qwen2_5 --base 0\.6\.0 on .* failed: overlay: error: "
+    ):
+        overlay.prepare(PIN, verl_tree)
+    assert tree_hash(verl_tree) == before
