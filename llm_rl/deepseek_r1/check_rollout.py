@@ -6,7 +6,7 @@ With the e2e environment's Python (vLLM 0.13.0's CPU build; scripts/setup_e2e.sh
     .venv-e2e/bin/python -m llm_rl.deepseek_r1.check_rollout --work /tmp/dsr1-rollout
 
 What it does, in one process on a gloo group of one:
-1. a tiny DeepSeek-V3 checkpoint (ascend_rl/harness/tiny_deepseek.py); verl 0.6.0 from the pinned sdist;
+1. a tiny DeepSeek-V3 checkpoint (ascend_rl/tiny/deepseek_v3.py); verl 0.6.0 from the pinned sdist;
 2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run` on a tree with the
    DeepSeek series applied (a dry run writes nothing; it composes them against its ppo_megatron_trainer); then the few that
    one CPU process needs (CPU_OVERRIDES below, each with its reason), composed against the same tree. Nothing
@@ -241,10 +241,10 @@ def prompts_batch(tokenizer, lengths: tuple[int, ...]):
     import torch
     from verl import DataProto
 
-    from ascend_rl.harness import tiny_model
+    from ascend_rl.tiny import qwen2 as tiny_qwen2
 
     ids = []
-    for text in tiny_model.bundled_texts():
+    for text in tiny_qwen2.bundled_texts():
         ids += tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
         if len(ids) >= sum(lengths):
             break
@@ -433,7 +433,7 @@ def run(args: argparse.Namespace) -> dict:
     os.environ.update(ENGINE_ENV)
     timings = {}
     launcher_tree, overlay_tree, without_budget = prepare_trees(work, args.with_overlay)
-    from ascend_rl.harness import tiny_deepseek
+    from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
 
     model_dir = work / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
