@@ -155,8 +155,6 @@ def run_ranks(work: Path, tree: Path, packages: Path, timeout: int, undo: str | 
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         CUDA_VISIBLE_DEVICES="",
-        # where patch ds-0006 finds the recipe's planner (moe_reshard.py), as the launcher sets it
-        RECIPE_MOE_RESHARD_DIR=str(REPO / "llm_rl" / "deepseek_r1"),
     )
     procs = []
     for rank in range(WORLD):
