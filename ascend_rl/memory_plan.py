@@ -5,7 +5,7 @@ Nothing here can be measured without the cluster, so the plan is arithmetic over
 per die of the weights of each role (actor, reference, rollout) by their shard (TP / PP / EP / DP, dtype), the
 actor's gradients and optimizer states (with the distributed optimizer's sharding), the KV cache vLLM would
 allocate from gpu_memory_utilization, the reshard buffers of the weight sync (from the AlltoAllV plan of
-llm_rl/deepseek_r1/moe_reshard.py, not re-derived here) and the activations (an estimate, and labelled so).
+ascend_rl/moe_reshard.py, not re-derived here) and the activations (an estimate, and labelled so).
 The phases follow verl's colocated hybrid engine in the order one step runs them, offload / onload
 transitions included, so the peak names the phase it falls in and its largest term.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_rl import manifest
-from llm_rl.deepseek_r1 import moe_reshard as mr
+from ascend_rl import moe_reshard as mr
 
 GIB = 2**30
 MIB = 2**20

@@ -136,15 +136,17 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 
 def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     """The lookup task through prepare_math.py and the warm-started tiny model; reused when unchanged."""
-    from ascend_rl.harness import lookup, problems, tiny_model
+    from ascend_rl.harness import lookup
+    from ascend_rl.tiny import problems
+    from ascend_rl.tiny import qwen2 as tiny_qwen2
 
     rows = lookup.generate(args.heldout)
     train = [r for r in rows if r["split"] == "train"]
 
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None, rows=rows)
-        shape = tiny_model.TinyShape(**MODEL_SHAPE)
-        tiny_model.bundled_checkpoint(
+        shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
+        tiny_qwen2.bundled_checkpoint(
             model_dir,
             args.seed,
             args.warm_start_steps,

@@ -160,12 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Path, Path]:
     """The bundled problems through prepare_math.py and a tiny warm-started Qwen2; reused when present."""
-    from ascend_rl.harness import problems, tiny_model
+    from ascend_rl.tiny import problems
+    from ascend_rl.tiny import qwen2 as tiny_qwen2
 
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None)
-        shape = tiny_model.TinyShape(**MODEL_SHAPE)
-        tiny_model.bundled_checkpoint(
+        shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
+        tiny_qwen2.bundled_checkpoint(
             model_dir, seed, warm_start_steps, shape, log=lambda m: print(f"e2e: {m}")
         )
 
@@ -177,7 +178,8 @@ def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
     """The bundled problems and a tiny random DeepSeek-V3 in <out>/deepseek_inputs (the CPU profile's defaults)."""
     import dataclasses
 
-    from ascend_rl.harness import problems, tiny_deepseek
+    from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
+    from ascend_rl.tiny import problems
 
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None)

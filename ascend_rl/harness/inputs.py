@@ -34,10 +34,10 @@ MODEL_SHAPE = {
 # What a set of inputs is made from besides its settings: a change to any of these builds a new set.
 BUILT_FROM = (
     "ascend_rl/harness/inputs.py",
-    "ascend_rl/harness/tiny_model.py",
-    "ascend_rl/harness/tiny_deepseek.py",
-    "ascend_rl/harness/warm_start.py",
-    "ascend_rl/harness/problems.py",
+    "ascend_rl/tiny/qwen2.py",
+    "ascend_rl/tiny/deepseek_v3.py",
+    "ascend_rl/tiny/warm_start.py",
+    "ascend_rl/tiny/problems.py",
     "ascend_rl/harness/lookup.py",
     "ascend_rl/data/prepare_math.py",
     "ascend_rl/data/util.py",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ascend_rl.harness import problems
+from ascend_rl.tiny import problems
 
 
 def main(argv: list[str] | None = None) -> int:

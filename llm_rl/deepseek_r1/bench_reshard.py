@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from llm_rl.deepseek_r1 import moe_reshard as mr
+from ascend_rl import moe_reshard as mr
 
 GIB = 2**30
 

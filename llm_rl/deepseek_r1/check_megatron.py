@@ -9,7 +9,7 @@ What it does:
 1. verl 0.6.0 from the pinned sdist with the DeepSeek series and the CPU overlay (patches/cpu/, whose
    cpu-0005 makes megatron-core 0.12.1 run on CPU); megatron-core and mbridge at the constraints.txt pins,
    installed --no-deps into a stamped folder of the download cache (artifacts.megatron_packages), put on
-   PYTHONPATH of the two ranks only; a tiny DeepSeek-V3 checkpoint (ascend_rl/harness/tiny_deepseek.py);
+   PYTHONPATH of the two ranks only; a tiny DeepSeek-V3 checkpoint (ascend_rl/tiny/deepseek_v3.py);
 2. the actor config composed against the tree's ppo_megatron_trainer (CONFIG_OVERRIDES: EP=2 on two ranks,
    fp32, the launcher's actor.recompute_old_log_prob=False and rollout.expert_reshard=alltoallv), normalised
    per data-parallel rank as ActorRolloutRefWorker.__init__ does;
@@ -117,7 +117,7 @@ def prepare(work: Path, tree: Path | None) -> tuple[Path, Path, Path]:
         tree = overlay.materialise(
             overlay.with_overlay(recipe, "cpu"), work / "verl-cpu", log=lambda msg: None
         )
-    from ascend_rl.harness import tiny_deepseek
+    from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
 
     model_dir = work / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
@@ -155,8 +155,6 @@ def run_ranks(work: Path, tree: Path, packages: Path, timeout: int, undo: str | 
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         CUDA_VISIBLE_DEVICES="",
-        # where patch ds-0006 finds the recipe's planner (moe_reshard.py), as the launcher sets it
-        RECIPE_MOE_RESHARD_DIR=str(REPO / "llm_rl" / "deepseek_r1"),
     )
     procs = []
     for rank in range(WORLD):

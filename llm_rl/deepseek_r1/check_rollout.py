@@ -5,8 +5,10 @@ With the e2e environment's Python (vLLM 0.13.0's CPU build; scripts/setup_e2e.sh
 
     .venv-e2e/bin/python -m llm_rl.deepseek_r1.check_rollout --work /tmp/dsr1-rollout
 
-What it does, in one process on a gloo group of one:
-1. a tiny DeepSeek-V3 checkpoint (ascend_rl/harness/tiny_deepseek.py); verl 0.6.0 from the pinned sdist;
+What it does, in two processes: this one builds the trees, the checkpoint and the launcher's overrides, then starts
+the engine's process (this module with --engine) with the tree on PYTHONPATH, where verl, vLLM and the rollout run
+on a gloo group of one:
+1. a tiny DeepSeek-V3 checkpoint (ascend_rl/tiny/deepseek_v3.py); verl 0.6.0 from the pinned sdist;
 2. the launcher's own overrides, read from `run_deepseek_r1_a3.sh --variant real --dry-run` on a tree with the
    DeepSeek series applied (a dry run writes nothing; it composes them against its ppo_megatron_trainer); then the few that
    one CPU process needs (CPU_OVERRIDES below, each with its reason), composed against the same tree. Nothing
@@ -103,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="build the rollout from the DeepSeek series plus this overlay (cpu: patches/cpu/) "
         "instead of the launcher's own tree",
     )
+    # the engine's process: started by run() with the tree on PYTHONPATH, reads and writes WORK/engine_*.json
+    parser.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -241,10 +245,10 @@ def prompts_batch(tokenizer, lengths: tuple[int, ...]):
     import torch
     from verl import DataProto
 
-    from ascend_rl.harness import tiny_model
+    from ascend_rl.tiny import qwen2 as tiny_qwen2
 
     ids = []
-    for text in tiny_model.bundled_texts():
+    for text in tiny_qwen2.bundled_texts():
         ids += tokenizer(text + "\n", add_special_tokens=False)["input_ids"]
         if len(ids) >= sum(lengths):
             break
@@ -426,14 +430,18 @@ def moved_weights(weights: dict, seed: int) -> dict:
 # --- main ------------------------------------------------------------------------------------------------------
 
 
+ENGINE_INPUT, ENGINE_RESULT = "engine_input.json", "engine_result.json"
+
+
 def run(args: argparse.Namespace) -> dict:
+    """Trees, checkpoint and the launcher's overrides here; the rollout in the engine's process (check_engine())."""
     start = time.perf_counter()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.environ.update(ENGINE_ENV)
     timings = {}
     launcher_tree, overlay_tree, without_budget = prepare_trees(work, args.with_overlay)
-    from ascend_rl.harness import tiny_deepseek
+    from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
 
     model_dir = work / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
@@ -441,9 +449,71 @@ def run(args: argparse.Namespace) -> dict:
     timings["trees_and_checkpoint_s"] = time.perf_counter() - start
 
     launcher = launcher_overrides(launcher_tree, model_dir, work)
+    timings["launcher_dry_run_s"] = time.perf_counter() - start - timings["trees_and_checkpoint_s"]
     # the launcher's tree (the NPU launch's, patched), or that series plus an overlay
     tree = overlay_tree or launcher_tree
-    sys.path.insert(0, str(tree))
+    engine_input = {
+        "tree": str(tree),
+        "without_budget": str(without_budget),
+        "model_dir": str(model_dir),
+        "launcher": launcher,
+        "seed": args.seed,
+    }
+    found = run_engine(work, tree, engine_input)
+    timings.update(found.pop("timings"))
+    usage = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return {
+        "tree": tree.name,
+        "settings": found["settings"],
+        "engine": found["engine"],
+        "launcher_overrides": launcher,
+        "cpu_overrides": CPU_OVERRIDES,
+        "refusal_without_budget_patch": found["refusal"],
+        "tensors": found["tensors"],
+        "expert_tensors": found["expert_tensors"],
+        "prompt_lengths": list(PROMPT_LENGTHS),
+        "gen_tokens": GEN_TOKENS,
+        "rounds": found["rounds"],
+        "checks": found["checks"],
+        "ok": all(found["checks"].values()),
+        "timings": {k: round(v, 1) for k, v in timings.items()},
+        "wall_s": round(time.perf_counter() - start, 1),
+        "peak_rss_gib": round(usage / 2**20, 2),
+    }
+
+
+def run_engine(work: Path, tree: Path, engine_input: dict) -> dict:
+    """This module with --engine in a process whose PYTHONPATH starts with the patched tree; what it found."""
+    (work / ENGINE_INPUT).write_text(json.dumps(engine_input), encoding="utf-8")
+    result = work / ENGINE_RESULT
+    result.unlink(missing_ok=True)
+    inherited = os.environ.get("PYTHONPATH")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(REPO), *([inherited] if inherited else [])]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm_rl.deepseek_r1.check_rollout", "--engine", "--work", str(work)],
+        cwd=REPO,
+        env=env,
+        timeout=1800,
+    )
+    found = json.loads(result.read_text(encoding="utf-8")) if result.is_file() else None
+    if found is None:
+        raise CheckError(
+            f"the engine's process ended with exit {proc.returncode} and no result (its output is above)"
+        )
+    if "error" in found:
+        raise CheckError(found["error"])
+    return found
+
+
+def check_engine(work: Path) -> dict:
+    """verl's vLLMRollout from the tree this process runs with (PYTHONPATH), its rounds and the checks."""
+    given = json.loads((work / ENGINE_INPUT).read_text(encoding="utf-8"))
+    tree, without_budget = Path(given["tree"]), Path(given["without_budget"])
+    model_dir, launcher, seed = Path(given["model_dir"]), given["launcher"], given["seed"]
+    timings = {}
     overrides = [*launcher, *CPU_OVERRIDES]
     cfg = compose(tree, overrides)
     rollout_cfg = cfg.actor_rollout_ref.rollout
@@ -463,12 +533,14 @@ def run(args: argparse.Namespace) -> dict:
         )
     }
     settings["additional_config"] = dict(rollout_cfg.engine_kwargs.vllm.additional_config or {})
-    timings["launcher_dry_run_s"] = time.perf_counter() - start - timings["trees_and_checkpoint_s"]
 
     import torch
+    import verl
     from transformers import AutoModelForCausalLM
     from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
 
+    if not Path(verl.__file__).resolve().is_relative_to(tree.resolve()):
+        raise CheckError(f"verl comes from {verl.__file__}, not {tree}: put the tree first on PYTHONPATH")
     init_process_group()
     parts = rollout_parts(cfg)
     refusal = budget_refusal_without_patch(without_budget, parts)
@@ -479,7 +551,7 @@ def run(args: argparse.Namespace) -> dict:
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     weights_a = {k: v.detach().clone() for k, v in hf.state_dict().items()}
-    weights_b = moved_weights(weights_a, args.seed + 1)
+    weights_b = moved_weights(weights_a, seed + 1)
     batch, prompts = prompts_batch(parts[1].tokenizer, PROMPT_LENGTHS)
     model = engine_model(rollout)
     engine = engine_settings(rollout)
@@ -549,24 +621,15 @@ def run(args: argparse.Namespace) -> dict:
             for r in rounds.values()
         ),
     }
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
-        "tree": tree.name,
         "settings": settings,
         "engine": engine,
-        "launcher_overrides": launcher,
-        "cpu_overrides": CPU_OVERRIDES,
-        "refusal_without_budget_patch": refusal,
+        "refusal": refusal,
         "tensors": n,
         "expert_tensors": experts,
-        "prompt_lengths": list(PROMPT_LENGTHS),
-        "gen_tokens": GEN_TOKENS,
         "rounds": rounds,
         "checks": checks,
-        "ok": all(checks.values()),
-        "timings": {k: round(v, 1) for k, v in timings.items()},
-        "wall_s": round(time.perf_counter() - start, 1),
-        "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
+        "timings": timings,
     }
 
 
@@ -583,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.engine:
+        return engine_main(args.work.resolve())
     try:
         result = run(args)
     except CheckError as exc:
@@ -596,6 +661,17 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.work / 'result.json'}"
     )
     return 0 if result["ok"] else 1
+
+
+def engine_main(work: Path) -> int:
+    """The engine's process: WORK/engine_result.json holds what it found, or the one line that says why not."""
+    os.environ.update(ENGINE_ENV)
+    try:
+        found = check_engine(work)
+    except CheckError as exc:
+        found = {"error": str(exc)}
+    (work / ENGINE_RESULT).write_text(json.dumps(found), encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":

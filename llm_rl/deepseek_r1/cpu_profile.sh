@@ -10,7 +10,7 @@
 # shellcheck shell=bash disable=SC2034
 
 VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"  # verl-<base>-cpu (the launcher's `ascend_rl resolve --profile cpu`)
-# what `python3 -m ascend_rl e2e --runs deepseek` (make e2e) makes: ascend_rl/harness/tiny_deepseek.py, the bundled problems
+# what `python3 -m ascend_rl e2e --runs deepseek` (make e2e) makes: ascend_rl/tiny/deepseek_v3.py, the bundled problems
 MODEL_DIR="${MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/model}"
 DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu --made-by "make e2e E2E_ARGS='--runs deepseek'")

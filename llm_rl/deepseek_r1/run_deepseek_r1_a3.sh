@@ -99,7 +99,6 @@ MCORE_DIR="${MCORE_DIR:-$RECIPE_DIR/model/DeepSeek-R1-mcore}"
 DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
 CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
-export RECIPE_MOE_RESHARD_DIR="${RECIPE_MOE_RESHARD_DIR:-$RECIPE_DIR}"
 RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
 # Metrics backends as in the Qwen launcher: console + TensorBoard unless LOGGER says otherwise.
 LOGGER="${LOGGER:-console,tensorboard}"
@@ -108,7 +107,7 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
 # PYTHONPATH is set just before the trainer starts.
-LAUNCH_ENV+=(RECIPE_MOE_RESHARD_DIR TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: a real launch sets it (below)
+LAUNCH_ENV+=(TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: a real launch sets it (below)
 TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -164,10 +163,9 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # Weight sync: each routed expert only to the rollout ranks that keep it (patch ds-0006), by this recipe's
-  # moe_reshard.py, which every Ray worker finds through RECIPE_MOE_RESHARD_DIR.
+  # Weight sync: each routed expert only to the rollout ranks that keep it (patch ds-0006, which installs the
+  # planner into the verl tree as verl/utils/megatron/moe_reshard.py).
   actor_rollout_ref.rollout.expert_reshard=alltoallv
-  +ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_MOE_RESHARD_DIR="$RECIPE_MOE_RESHARD_DIR"
   trainer.device=npu
   trainer.nnodes="$NNODES"
   trainer.n_gpus_per_node="$NPUS_PER_NODE"

@@ -32,7 +32,7 @@ def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
     work = tmp_path_factory.mktemp("deepseek-cpu-profile")
     code = (
         "from pathlib import Path\n"
-        "from ascend_rl.harness import problems, tiny_deepseek\n"
+        "from ascend_rl.tiny import deepseek_v3 as tiny_deepseek, problems\n"
         f"problems.prepare(Path({str(work / 'data')!r}), log=lambda m: None)\n"
         f"tiny_deepseek.make_checkpoint(Path({str(work / 'model')!r}), seed=1)\n"
     )

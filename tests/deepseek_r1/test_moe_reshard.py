@@ -6,26 +6,30 @@ import logging
 import subprocess
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
+from ascend_rl import moe_reshard as mr
 from llm_rl.deepseek_r1 import bench_reshard as bench
-from llm_rl.deepseek_r1 import moe_reshard as mr
-
-RECIPE = Path(mr.__file__).parent
 
 W1 = 2 * 7168 * 2048 * 2  # bytes of one DeepSeek-V3 expert's fused gate/up weight
 # experts of each of 4 EP ranks, out of order: sends need packing, receives a permutation
 SHUFFLED = ((15, 10, 5, 0), (1, 12, 7, 2), (3, 14, 9, 4), (11, 6, 13, 8))
 
 
-def test_planner_imports_without_torch():
+def test_planner_is_one_self_contained_file_that_imports_without_torch(tmp_path):
+    """The overlay installs the file into verl (verl/utils/megatron/moe_reshard.py): loaded alone, by its path and
+    from elsewhere, it needs neither torch (the planner) nor anything of this repository."""
     code = (
-        f"import sys; sys.path.insert(0, {str(RECIPE)!r}); import moe_reshard; print('torch' in sys.modules)"
+        "import importlib.util, sys; "
+        f"spec = importlib.util.spec_from_file_location('moe_reshard', {mr.__file__!r}); "
+        "m = importlib.util.module_from_spec(spec); sys.modules['moe_reshard'] = m; spec.loader.exec_module(m); "
+        "print('torch' in sys.modules, sorted(x for x in sys.modules if x.split('.')[0] in ('ascend_rl', 'llm_rl')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False []"
 
 
 def test_w1_at_rollout_ep256_needs_one_expert_instead_of_256():
@@ -92,7 +96,7 @@ def test_shuffled_placement_needs_packing_and_the_planner_counts_it():
 
 
 def test_non_dividing_ep_sizes_fall_back_with_a_log_line(caplog):
-    with caplog.at_level(logging.WARNING, logger="moe_reshard"):
+    with caplog.at_level(logging.WARNING, logger=mr.__name__):
         plan = mr.plan_experts(mr.TrainLayout(6, ep=3, pp=2), mr.RolloutLayout(6, ep=2), 6)
     assert plan.method == mr.ALLGATHER
     assert "neither training EP 3 nor rollout EP 2 divides" in caplog.text

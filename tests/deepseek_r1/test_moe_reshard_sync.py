@@ -1,8 +1,8 @@
 """Patch ds-0006 (routed experts of the Megatron weight sync by AlltoAllV) on the deepseek_r1-patched verl 0.6.0.
 
 megatron-core is not installed, so the patched per_tensor_generator cannot run here: its new branch is checked at
-the source level, while the logic it calls (verl/utils/megatron/expert_reshard.py from the patched tree, and this
-repository's moe_reshard.py) runs on gloo processes against the all-gather baseline that 0.6.0's generator does
+the source level, while the logic it calls (verl/utils/megatron/expert_reshard.py and the planner installed beside it,
+verl/utils/megatron/moe_reshard.py, both from the patched tree) runs on gloo processes against the all-gather baseline that 0.6.0's generator does
 (PP broadcast, EP all-gather, every expert on every rank). Which experts a rollout rank keeps comes from vLLM
 0.13.0's own determine_expert_map (taken out of the real wheel) and verl's VLLM_DP_RANK (patch ds-0002).
 """
@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm_rl.deepseek_r1 import moe_reshard as mr
-
-RECIPE = Path(mr.__file__).parent
+from ascend_rl import moe_reshard as mr
 
 SHIM = "verl/utils/megatron/expert_reshard.py"
+PLANNER = "verl/utils/megatron/moe_reshard.py"
 UTILS = "verl/utils/megatron_utils.py"
 WORKERS = "verl/workers/megatron_workers.py"
 HIDDEN, FFN = (
@@ -121,22 +120,37 @@ def test_key_composes_with_the_megatron_trainer_and_a_bad_value_is_refused(patch
     assert bad[0] == "refused" and "expert_reshard must be allgather" in bad[1] and "'alltoall'" in bad[1]
 
 
-def _load_shim(patched: Path):
-    spec = importlib.util.spec_from_file_location("expert_reshard_shim", patched / SHIM)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+IMPORT_PROBE = r"""
+import json, sys
+from verl.utils.megatron import expert_reshard
+planner = expert_reshard.load_moe_reshard()
+ours = sorted(m for m in sys.modules if m.split(".")[0] in ("ascend_rl", "llm_rl"))
+sys.modules[expert_reshard.MODULE] = None  # as if the planner were not installed
+try:
+    expert_reshard.load_moe_reshard()
+    missing = ""
+except ImportError as exc:
+    missing = str(exc)
+print(json.dumps({"planner": planner.__file__, "ours": ours, "missing": missing}))
+"""
 
 
-def test_missing_module_is_one_line_naming_the_env_var(patched, tmp_path, monkeypatch):
-    shim = _load_shim(patched)
-    monkeypatch.delitem(sys.modules, "moe_reshard", raising=False)
-    monkeypatch.setenv(shim.ENV_VAR, str(tmp_path))
-    with pytest.raises(ImportError) as exc:
-        shim.load_moe_reshard()
-    assert "RECIPE_MOE_RESHARD_DIR" in str(exc.value) and "\n" not in str(exc.value)
-    monkeypatch.setenv(shim.ENV_VAR, str(RECIPE))
-    assert shim.load_moe_reshard().__file__ == str(RECIPE / "moe_reshard.py")
+def test_the_shim_imports_the_planner_installed_beside_it_and_nothing_of_this_repository(patched, tmp_path):
+    """With only the patched tree on the path (as in a user's site-packages), the shim finds the planner in verl;
+    without it, one line saying how to restore it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE],
+        env={**os.environ, "PYTHONPATH": str(patched)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["planner"] == str(patched / PLANNER)
+    assert got["ours"] == [], "the patched tree imported this repository at run time"
+    assert "overlay apply" in got["missing"] and "\n" not in got["missing"]
 
 
 def test_per_tensor_moves_add_up_to_the_plan():
@@ -158,9 +172,17 @@ import torch, torch.distributed as dist
 
 rank, world, port, spec_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 spec = json.loads(open(spec_file).read())
-m = importlib.util.spec_from_file_location("expert_reshard_shim", spec["shim"])
-shim = importlib.util.module_from_spec(m)
-m.loader.exec_module(shim)
+
+def load(name, path):
+    m = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(m)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    m.loader.exec_module(module)
+    return module
+
+# the patched tree's two files, without importing the rest of verl (the import itself: IMPORT_PROBE)
+shim = load("expert_reshard_shim", spec["shim"])
+planner = load(shim.MODULE, spec["planner"])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                         timeout=timedelta(seconds=spec["timeout"]))
 H, F = spec["hidden"], spec["ffn"]
@@ -171,8 +193,7 @@ def weight(layer, fc, expert, shape, dtype):
     return torch.randn(shape, generator=g).to(dtype)
 
 for i, sc in enumerate(spec["scenarios"]):
-    os.environ["RECIPE_MOE_RESHARD_DIR"] = sc["module_dir"]
-    sys.modules.pop("moe_reshard", None)
+    sys.modules[shim.MODULE] = planner if sc["planner_installed"] else None
     tp, ep, pp, n = sc["train"]
     r_tp, r_dp, r_ep = sc["rollout"]
     size = world // pp
@@ -226,6 +247,7 @@ def _run_gloo(patched: Path, tmp_path: Path, world: int, scenarios: list[dict], 
         json.dumps(
             {
                 "shim": str(patched / SHIM),
+                "planner": str(patched / PLANNER),
                 "timeout": timeout_s,
                 "hidden": HIDDEN,
                 "ffn": FFN,
@@ -338,12 +360,12 @@ def _check(patched, expert_map, world, scenarios, results, errs):
         assert len(fallback_lines) == sum(sc["expect"] == "allgather" for sc in scenarios), err[-2000:]
 
 
-def _scenario(train, rollout, expect, module_dir=RECIPE, layers=2):
+def _scenario(train, rollout, expect, planner_installed=True, layers=2):
     return {
         "train": train,
         "rollout": rollout,
         "expect": expect,
-        "module_dir": str(module_dir),
+        "planner_installed": planner_installed,
         "layers": layers,
     }
 
@@ -354,11 +376,11 @@ def test_gloo_world4_routed_experts_are_exactly_what_each_engine_keeps(patched, 
         _scenario((1, 2, 2, 8), (1, 4, 4), "alltoallv"),  # train EP2 PP2 -> rollout EP4
         _scenario((2, 2, 1, 4), (2, 1, 2), "alltoallv"),  # two rollout engines: one expert to two ranks
         _scenario((1, 4, 1, 8), (2, 2, 1), "alltoallv"),  # rollout EP off: every rank keeps every expert
-        _scenario((1, 2, 2, 8), (1, 4, 4), "allgather", module_dir=tmp_path / "nowhere"),  # module missing
+        _scenario((1, 2, 2, 8), (1, 4, 4), "allgather", planner_installed=False),  # planner missing
     ]
     results, errs = _run_gloo(patched, tmp_path, 4, scenarios)
     _check(patched, vllm_expert_map, 4, scenarios, results, errs)
-    assert all("RECIPE_MOE_RESHARD_DIR" in err for err in errs)
+    assert all("verl.utils.megatron.moe_reshard cannot be imported" in err for err in errs)
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import pytest
 
 import tier_report
 from ascend_rl.data.util import last_boxed
-from ascend_rl.harness import lookup, warm_start
+from ascend_rl.harness import lookup
+from ascend_rl.tiny import warm_start
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "ascend_rl.harness.demo"

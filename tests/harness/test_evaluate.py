@@ -144,9 +144,9 @@ def tiny_model(tmp_path_factory, e2e_python) -> Path:
     """A tiny Qwen2 (vLLM's CPU attention needs head_dim 32) with the recipe's tokenizer, briefly warm-started."""
     out = tmp_path_factory.mktemp("eval-model") / "model"
     script = (
-        "from ascend_rl.harness import inputs, tiny_model; "
-        f"tiny_model.bundled_checkpoint(__import__('pathlib').Path({str(out)!r}), 1, 30, "
-        "tiny_model.TinyShape(**inputs.MODEL_SHAPE), log=lambda m: None)"
+        "from ascend_rl.harness import inputs; from ascend_rl.tiny import qwen2; "
+        f"qwen2.bundled_checkpoint(__import__('pathlib').Path({str(out)!r}), 1, 30, "
+        "qwen2.TinyShape(**inputs.MODEL_SHAPE), log=lambda m: None)"
     )
     subprocess.run([str(e2e_python), "-c", script], cwd=REPO, check=True, timeout=900)
     return out

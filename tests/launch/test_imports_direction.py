@@ -11,23 +11,6 @@ from ascend_rl import layout
 from ascend_rl.paths import REPO
 
 HARNESS, RECIPES = "ascend_rl.harness", "llm_rl"
-# Imports the rules refuse that another change of issue 44 (item 3) is taking out now: (file, module) -> how it
-# goes. An entry allows that one import in that one file; one whose import is gone fails the suite, so the list
-# only shrinks.
-ALLOWED = {
-    ("ascend_rl/memory_plan.py", "llm_rl.deepseek_r1.moe_reshard"): (
-        "the reshard planner reaches the memory plan as data or through the recipe's manifest"
-    ),
-    ("llm_rl/deepseek_r1/check_rollout.py", "ascend_rl.harness.tiny_model"): (
-        "the tiny models move where the library and the recipes may both import them"
-    ),
-    ("llm_rl/deepseek_r1/check_rollout.py", "ascend_rl.harness.tiny_deepseek"): (
-        "the tiny models move where the library and the recipes may both import them"
-    ),
-    ("llm_rl/deepseek_r1/check_megatron.py", "ascend_rl.harness.tiny_deepseek"): (
-        "the tiny models move where the library and the recipes may both import them"
-    ),
-}
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -65,7 +48,7 @@ def imported(path: Path, rel: Path) -> list[tuple[int, str]]:
 
 
 def refused(root: Path = REPO) -> list[tuple[str, int, str, str]]:
-    """(file, line, module, rule) for every import that goes the wrong way, allowed ones included."""
+    """(file, line, module, rule) for every import that goes the wrong way."""
     out = []
     for rel in layout.described_files(root):
         if rel.suffix != ".py" or rel.parts[0] not in ("ascend_rl", RECIPES):
@@ -84,23 +67,9 @@ def refused(root: Path = REPO) -> list[tuple[str, int, str, str]]:
     return out
 
 
-def _allowed(file: str, module: str) -> bool:
-    return any(file == f and _under(module, m) for f, m in ALLOWED)
-
-
 def test_neither_the_library_nor_a_recipe_imports_the_proof_rig_and_the_library_imports_no_recipe():
-    bad = [f"{f}:{line}: {why}: {module}" for f, line, module, why in refused() if not _allowed(f, module)]
+    bad = [f"{f}:{line}: {why}: {module}" for f, line, module, why in refused()]
     assert not bad, "imports that go the wrong way:\n" + "\n".join(bad)
-
-
-def test_every_allowed_import_is_still_there():
-    found = refused()
-    stale = [
-        f"{f} -> {m}"
-        for f, m in ALLOWED
-        if not any(file == f and _under(module, m) for file, _, module, _ in found)
-    ]
-    assert not stale, f"no longer imported: remove from ALLOWED in {Path(__file__).name}: {stale}"
 
 
 def test_the_check_sees_every_form_of_import_and_skips_the_harness_and_the_verl_trees(tmp_path):

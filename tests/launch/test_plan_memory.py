@@ -9,10 +9,10 @@ import json
 import pytest
 
 from ascend_rl import memory_plan as mp
+from ascend_rl import moe_reshard as mr
 from ascend_rl.cli import plan_memory as cli
 from ascend_rl.paths import RECIPES
 from llm_rl.deepseek_r1 import bench_reshard
-from llm_rl.deepseek_r1 import moe_reshard as mr
 
 # A Qwen2-shaped toy: hidden 8, FFN 16, 2 layers, 2 heads of 4 (1 KV head), vocab 32, tied embeddings.
 TINY_QWEN = {

@@ -47,9 +47,9 @@ def test_every_installed_module_is_a_repository_file_that_the_parsed_patch_carri
             assert parsed[dest].old_path is None, f"{path.name}: {dest} must be a new file"
             assert b"".join(parsed[dest].hunks[0].new) == data
             seen.setdefault(source, set()).add(dest)
-    # one copy for every base: the DeepSeek modules and the CPU shim, each installed to one place
+    # one copy for every base: the DeepSeek modules, the reshard planner and the CPU shim, each installed to one place
     assert {s: len(d) for s, d in seen.items()} == {s: 1 for s in seen}
-    assert len(seen) == 7, sorted(seen)
+    assert len(seen) == 8, sorted(seen)
 
 
 def test_a_patched_tree_holds_the_repository_files(patched_verl):
@@ -62,6 +62,9 @@ def test_a_patched_tree_holds_the_repository_files(patched_verl):
     ]:
         ours = REPO / "llm_rl/deepseek_r1/verl_modules" / f"{name}.py"
         assert (tree / dest).read_bytes() == ours.read_bytes(), dest
+    # the library's reshard planner, beside the module that imports it
+    planner = tree / "verl/utils/megatron/moe_reshard.py"
+    assert planner.read_bytes() == (REPO / "ascend_rl/moe_reshard.py").read_bytes()
 
 
 def _module_patch(tmp_path: Path, pristine: Path, source: str, extra_header: str = "") -> Path:

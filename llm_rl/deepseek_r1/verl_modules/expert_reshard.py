@@ -13,18 +13,17 @@
 # limitations under the License.
 """Routed experts of the Megatron weight sync by AlltoAllV (rollout.expert_reshard=alltoallv).
 
-The planner and executor live in the recipe repository (llm_rl/deepseek_r1/moe_reshard.py), not in verl; this
-shim loads that file from $RECIPE_MOE_RESHARD_DIR and adapts it to per_tensor_generator. It does not import
-megatron: the generator passes what it reads from parallel_state in an ExpertSyncLayout.
+The planner and executor are verl/utils/megatron/moe_reshard.py, which the overlay installs beside this module
+(the recipe repository's ascend_rl/moe_reshard.py, one self-contained file); this module adapts them to
+per_tensor_generator. Neither imports the recipe repository nor megatron: the generator passes what it reads from
+parallel_state in an ExpertSyncLayout.
 """
 
 import importlib
-import importlib.util
 import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,39 +32,20 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-ENV_VAR = "RECIPE_MOE_RESHARD_DIR"
 REPORT_ENV_VAR = "RECIPE_RESHARD_REPORT"
-MODULE = "moe_reshard"
+MODULE = "verl.utils.megatron.moe_reshard"
 _SYNCS = 0  # weight syncs this process has routed experts for
 
 
 def load_moe_reshard():
-    """The recipe's moe_reshard module: $RECIPE_MOE_RESHARD_DIR/moe_reshard.py, else from the import path."""
-    if MODULE in sys.modules:
-        return sys.modules[MODULE]
-    folder = os.environ.get(ENV_VAR)
-    if not folder:
-        try:
-            return importlib.import_module(MODULE)
-        except ImportError:
-            raise ImportError(
-                f"{MODULE} is not importable: set {ENV_VAR} to the recipe folder holding {MODULE}.py "
-                "(llm_rl/deepseek_r1 of the recipe repository)"
-            ) from None
-    path = os.path.join(folder, MODULE + ".py")
-    if not os.path.isfile(path):
-        raise ImportError(
-            f"{ENV_VAR}={folder} has no {MODULE}.py: point it at the recipe folder llm_rl/deepseek_r1"
-        )
-    spec = importlib.util.spec_from_file_location(MODULE, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE] = module  # dataclasses look their module up in sys.modules while the file executes
+    """The planner and executor installed beside this module (verl/utils/megatron/moe_reshard.py)."""
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(MODULE, None)
-        raise
-    return module
+        return importlib.import_module(MODULE)
+    except ImportError as exc:
+        raise ImportError(
+            f"{MODULE} cannot be imported ({exc}); the overlay installs it with this module: "
+            "apply the recipe's series again (python3 -m ascend_rl overlay apply)"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def bundled_checkpoint(
     """The tiny model the demos and make e2e start from: a tokenizer trained on the problems (rows, default the
     bundled ones: their prompts as the chat template renders them, solutions and target responses), warm-started
     on warm_rows (default: the train split of rows)."""
-    from ascend_rl.harness import problems, warm_start
+    from ascend_rl.tiny import problems, warm_start
 
     rows = problems.load_problems() if rows is None else rows
     train = [p for p in rows if p["split"] == "train"] if warm_rows is None else warm_rows
@@ -144,7 +144,7 @@ def bundled_texts(rows: list[dict] | None = None, extra_answers: list[dict] | No
     """What the tiny tokenizers are trained on: the problems' prompts (default the bundled ones) as the chat
     template renders them, their solutions and the warm start's target responses; extra_answers' solutions and
     targets too (every answer a warm start teaches is in the corpus: the misread key's, in the demo)."""
-    from ascend_rl.harness import problems, warm_start
+    from ascend_rl.tiny import problems, warm_start
 
     rows = problems.load_problems() if rows is None else rows
     template = json.loads(RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))["chat_template"]

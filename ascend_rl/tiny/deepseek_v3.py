@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_rl.harness import tiny_model
+from ascend_rl.tiny import qwen2
 
 # What DeepSeek-V3's own config.json says about its router and transformers' config class leaves out.
 ROUTER_CONFIG = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
@@ -92,14 +92,14 @@ def make_checkpoint(
     seed: int = 1,
     shape: DeepSeekShape = DeepSeekShape(),
     texts: list[str] | None = None,
-    tokenizer_config_path: Path = tiny_model.RECIPE_TOKENIZER_CONFIG,
+    tokenizer_config_path: Path = qwen2.RECIPE_TOKENIZER_CONFIG,
     prepare: Callable[[object, object], None] | None = None,
 ) -> Path:
     """Tokenizer (trained on texts, default the bundled problems, with the chat template of tokenizer_config_path),
     model, prepare(model, tokenizer) if given, saved to out_dir with the router keys in config.json."""
-    tiny_model.make_tiny_checkpoint(
+    qwen2.make_tiny_checkpoint(
         out_dir,
-        tiny_model.bundled_texts() if texts is None else texts,
+        qwen2.bundled_texts() if texts is None else texts,
         tokenizer_config_path,
         seed,
         shape=shape,
