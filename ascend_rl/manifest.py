@@ -96,6 +96,9 @@ class Recipe:
     die: str = ""  # the NPU die its launches run on ([recipe] die)
     reward: str = ""  # the reward file, relative to the repository root ([reward] path; "": none)
     reward_function: str = ""  # the function verl calls in it ([reward] function)
+    # the stack pins of this base: a constraints file relative to the repository root (the base table's
+    # `constraints`; constraints.txt, the vLLM 0.13 stack's, where it names none)
+    constraints: str = "constraints.txt"
 
     @property
     def recipe(self) -> str:
@@ -172,6 +175,7 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             die=str(data.get("recipe", {}).get("die", "")),
             reward=str(data.get("reward", {}).get("path", "")),
             reward_function=str(data.get("reward", {}).get("function", "")),
+            constraints=str(table.get("constraints", "constraints.txt")),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise OverlayError(
@@ -285,6 +289,7 @@ class Launch:
                 f"RECIPE_DIE={shlex.quote(self.die or '')}",
                 f"RECIPE_REWARD={shlex.quote(str(self.reward or ''))}",
                 f"RECIPE_REWARD_FN={shlex.quote(self.reward_function)}",
+                f"RECIPE_CONSTRAINTS={shlex.quote(str(REPO / self.recipe.constraints))}",
             ]
         )
 
@@ -306,6 +311,7 @@ class Launch:
             "die": self.die,
             "reward": {"path": str(self.reward) if self.reward else None, "function": self.reward_function},
             "image": self.recipe.image,
+            "constraints": self.recipe.constraints,
         }
 
 

@@ -71,9 +71,7 @@ def base_constraints(recipe: str, base: str | None = None) -> Path:
     """The constraints file of `recipe` on `base` (default: its default base): the base table's `constraints`
     in its recipe.toml (a path from the repository root), else constraints.txt. UsageError for an unknown
     recipe or base."""
-    spec = manifest.load_recipe(recipe, base)
-    table = manifest.manifest_bases(manifest.read_toml(spec.folder / "recipe.toml"))[spec.version]
-    return REPO / str(table.get("constraints", "constraints.txt"))
+    return REPO / manifest.load_recipe(recipe, base).constraints
 
 
 def select_pins(

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Install the Ascend training stack on an NPU host (or in the Docker image), in the seed's order:
 #   1. the repository's requirements (and verl's requirements-npu.txt when the tree has one),
-#      resolved under constraints.txt, and tensorboard (the launchers' default logger);
+#      resolved under the base's constraints file, and tensorboard (the launchers' default logger);
 #   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
-#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version constraints.txt pins;
+#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version the constraints pin;
 #   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
 #      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
 #   6. ascend_rl/stack.py --recipe: fails when any installed version or commit is off the pins.
-# Every version and commit comes from constraints.txt (pip -c, `stack --git-source`); none is
-# written here. The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must
-# stay: vLLM 0.13's openai api_server (imported by verl's async rollout server) imports it.
+# Every version and commit comes from the base's constraints file (constraints.txt; constraints-0.9.1.txt for
+# verl 0.9.1: `python3 -m ascend_rl resolve` names it) through pip -c and `stack --git-source`; none is written here.
+# The seed uninstalls uvloop before installing vllm, which reinstalls it; uvloop must stay: vLLM 0.13's openai
+# api_server (imported by verl's async rollout server) imports it.
 #
 #   bash scripts/install_npu_stack.sh [--recipe qwen2_5|deepseek_r1] [--verl-dir DIR] [--dry-run]
 #   VERL_BASE (default: the recipe's default_base): the verl base whose tree is fetched and patched
@@ -39,7 +40,8 @@ eval "$resolved"
 VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 MINDSPEED_DIR="${MINDSPEED_DIR:-$REPO_DIR/llm_rl/$RECIPE/MindSpeed}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
-C="$REPO_DIR/constraints.txt"
+# the base's stack pins (constraints.txt, or the base's own file: constraints-0.9.1.txt), as resolved above
+C="$RECIPE_CONSTRAINTS"
 
 run() {
   echo "+ $*"

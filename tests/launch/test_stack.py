@@ -276,6 +276,16 @@ def _installer_commands(*args: str, env: dict | None = None) -> list[str]:
     return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
 
 
+def test_installer_pins_each_base_with_its_own_constraints():
+    """One resolution (issue 44 item 2): the installer's pins are the resolved base's constraints file, so verl
+    0.9.1's stack (vLLM 0.23, torch 2.10) is not installed under the 0.13 stack's pins."""
+    for base, constraints in (("0.7.1", CONSTRAINTS), ("0.9.1", REPO / "constraints-0.9.1.txt")):
+        cmds = _installer_commands("--recipe", "qwen2_5", env=dict(os.environ, VERL_BASE=base))
+        pins = [c for c in cmds if "pip install" in c and "-e " not in c]
+        assert pins and all(f"-c {constraints} " in c for c in pins), (base, pins)
+        assert cmds[-1].endswith(f"stack --constraints {constraints} --recipe qwen2_5"), cmds[-1]
+
+
 def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
     url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
     where = tmp_path / "ms"
