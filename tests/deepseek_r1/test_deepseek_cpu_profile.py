@@ -51,8 +51,8 @@ def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
     return e2e_python, work, env
 
 
-def test_the_dry_run_composes_the_cpu_profile(inputs):
-    _, work, env = inputs
+def cpu_dry_run(env: dict) -> dict:
+    """The JSON plan of `run_deepseek_r1_a3.sh --cpu --dry-run --json` under env (it must succeed)."""
     proc = subprocess.run(
         ["bash", str(LAUNCHER), "--cpu", "--dry-run", "--json"],
         capture_output=True,
@@ -61,7 +61,12 @@ def test_the_dry_run_composes_the_cpu_profile(inputs):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = dry_run_plan(proc)
+    return dry_run_plan(proc)
+
+
+def test_the_dry_run_composes_the_cpu_profile(inputs):
+    _, work, env = inputs
+    plan = cpu_dry_run(env)
     command = plan["argv"]
     for want in (
         "actor_rollout_ref.actor.recompute_old_log_prob=False",
@@ -100,15 +105,7 @@ def test_the_ray_workers_record_their_dev_shm_names_as_the_driver_does(inputs, t
     env.pop("RECIPES_SHM_RECORD", None)
     if harness_records:
         env["RECIPES_SHM_RECORD"] = str(tmp_path / "shm.jsonl")
-    proc = subprocess.run(
-        ["bash", str(LAUNCHER), "--cpu", "--dry-run", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    overrides = dry_run_plan(proc)["overrides"]
+    overrides = cpu_dry_run(env)["overrides"]
     key = next(k for k in overrides if k.endswith("ray_init.runtime_env.env_vars.PYTHONPATH"))
     workers = str(overrides[key]).split(os.pathsep)
     record_site = str(REPO / "ascend_rl" / "shm_record")
