@@ -1,7 +1,7 @@
 # Entry points. Each target sets up .venv first (scripts/setup_dev.sh, idempotent).
 PY := .venv/bin/python
 
-.PHONY: help setup test test-full demo dry-run lint e2e e2e-setup
+.PHONY: help setup test test-full demo dry-run lint e2e e2e-setup e2e-setup-091
 
 help:
 	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU: a tiny model learns, held-out before/after"
@@ -9,6 +9,7 @@ help:
 	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
 	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen sync/async/resume and 2 ranks, DeepSeek (Megatron) on both bases (+ --runs deepseek-2n: 2 simulated nodes)"
 	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; 8.4 GB on disk, 4.3 GB of it CUDA libraries PyPI's torch brings; once per machine)"
+	@echo "make e2e-setup-091  build verl 0.9.1's e2e environment (vLLM 0.23.0 CPU build, torch 2.11.0, transformers 5.5.4, Python 3.12; 6.7 GB; once per machine): make e2e E2E_ARGS=\"--runs v091,v091-resume\""
 	@echo "make dry-run  fetch + patch verl, check the single-card launcher's overrides, print the command"
 	@echo "make setup    create .venv with the CPU tool/test environment"
 	@echo "make lint     ruff over the repository"
@@ -32,6 +33,10 @@ demo: e2e-setup
 
 e2e-setup: setup
 	@bash scripts/setup_e2e.sh
+
+# verl 0.9.1's stack is a second environment; PYTHON picks the Python 3.12 it is built with (default: python3.12).
+e2e-setup-091: setup
+	@bash scripts/setup_e2e.sh --base 0.9.1
 
 # E2E_ARGS passes options to ascend_rl/harness/e2e.py (e.g. E2E_ARGS="--runs sync").
 e2e: e2e-setup

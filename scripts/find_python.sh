@@ -3,7 +3,8 @@
 # dependencies (hydra-core, omegaconf), so a launcher runs from a fresh shell without a traceback.
 #
 # Order: PYTHON from the environment (it must have them); python3 on PATH (on the NPU host the
-# stack's Python, or any activated environment); the CPU profile's .venv-e2e (make e2e-setup);
+# stack's Python, or any activated environment); the CPU profile's .venv-e2e (make e2e-setup; .venv-e2e-091 for
+# VERL_BASE=0.9.1: scripts/setup_e2e.sh --base 0.9.1);
 # the repository's .venv (make setup, the CPU tool environment). None of them: one line, exit 1.
 recipes_find_python() {
   local who="$1" candidate on_path
@@ -14,7 +15,8 @@ recipes_find_python() {
   fi
   on_path="$(command -v python3 || true)"
   local candidates=("$on_path")
-  [ "${PROFILE:-npu}" != cpu ] || candidates+=("$REPO_DIR/.venv-e2e/bin/python")
+  # the CPU profile's stack: verl 0.9.1 runs on vLLM 0.23.0 (.venv-e2e-091), the other bases on 0.13.0 (.venv-e2e)
+  [ "${PROFILE:-npu}" != cpu ] || candidates+=("$REPO_DIR/.venv-e2e${VERL_BASE:+$([ "$VERL_BASE" = 0.9.1 ] && echo -091)}/bin/python")
   candidates+=("$REPO_DIR/.venv/bin/python")
   for candidate in "${candidates[@]}"; do
     [ -n "$candidate" ] && [ -x "$candidate" ] || continue

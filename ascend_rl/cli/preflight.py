@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         memory, memory_plan = check_memory(cfg, launch.name, args.cpu)
     checks.append(memory)
     if args.cpu:
-        checks.append(check_cpu_runtime())
+        checks.append(check_cpu_runtime(launch.base, REPO / launch.recipe.constraints))
     elif args.skip_npu_check:
         checks.append(Check("npu", "skipped", "--skip-npu-check"))
     else:

@@ -10,6 +10,10 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
     v071    verl 0.7.1 (VERL_BASE=0.7.1): 3 GRPO steps through its server-mode rollout (the only one it has;
             weights to the vLLM server in shared-memory buckets on CPU), checkpoint at step 2
     v071-resume  verl 0.7.1: resume_mode=auto from a copy of the v071 run's step-2 checkpoint: does step 3
+    v091    verl 0.9.1 (VERL_BASE=0.9.1) on vLLM 0.23.0's CPU build, torch 2.11.0, transformers 5.5.4, in the second
+            e2e environment (.venv-e2e-091: scripts/setup_e2e.sh --base 0.9.1): 3 GRPO steps through the legacy
+            trainer and the engine workers, checkpoint at step 2; not in the default --runs
+    v091-resume  verl 0.9.1: resume_mode=auto from a copy of the v091 run's step-2 checkpoint: does step 3
     qwen-2r  verl 0.7.1 through the four-card launcher (`run_qwen2_5_1_5b.sh --cpu`) with NPUS=2: FSDP2 sharded
             over 2 gloo ranks, one vLLM server per rank; 3 GRPO steps, checkpoint at the last one
     deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
@@ -77,6 +81,11 @@ DEEPSEEK = "deepseek"
 DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, one per verl base
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
+# The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
+# as PYTHON (launch.py's BASE_ENVS); opt-in (--runs), like the multi-node runs.
+V091_RUNS = ("v091", "v091-resume")
+RUNS += V091_RUNS
+RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
 RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
 # The DeepSeek runs across simulated nodes (root, `ip netns`), and their node counts; opt-in (--runs).
 MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2}
@@ -87,7 +96,7 @@ RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1"})
 RUN_RANKS = {"qwen-2r": 2}
 RUN_BASE["qwen-2r"] = "0.7.1"
 QWEN_RANKS_LAUNCHER = QWEN_LAUNCHER.with_name("run_qwen2_5_1_5b.sh")
-RESUMES = {"resume": "sync", "v071-resume": "v071"}
+RESUMES = {"resume": "sync", "v071-resume": "v071", "v091-resume": "v091"}
 # Runs that score through another reward path than the launcher's: the README's batched path on verl 0.6.0 (its
 # BatchRewardManager hands compute_score_batch a step's lists; the per-answer manager would hand it one string each
 # and the run would fail). verl 0.7.1 has no batch manager (the Qwen README says where).
@@ -104,9 +113,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--runs",
-        default=",".join(r for r in RUNS if r not in MULTINODE_RUNS),
+        default=",".join(r for r in RUNS if r not in MULTINODE_RUNS and r not in V091_RUNS),
         help=f"comma-separated runs, in order, of {','.join(RUNS)} (default: all but "
-        f"{','.join(MULTINODE_RUNS)}, which need root; resume needs sync first)",
+        f"{','.join(MULTINODE_RUNS)}, which need root, and {','.join(V091_RUNS)}, which need the verl 0.9.1 "
+        "environment (scripts/setup_e2e.sh --base 0.9.1); resume needs sync first)",
     )
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
     parser.add_argument(

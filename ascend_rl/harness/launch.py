@@ -45,6 +45,10 @@ DS_GAP_KEYS = {
     "stale_log_probs_diff_mean": "actor/stale_log_probs_diff_mean",
 }
 FORWARD_KEY, OLD_LOG_PROB_KEY = "actor/forward_passes", "timing_s/old_log_prob"
+# The bases whose CPU stack is not the e2e environment this harness runs in (vLLM 0.13.0, torch 2.9.1): the link in
+# the checkout that scripts/setup_e2e.sh --base B makes, whose Python the launcher is handed (PYTHON, and first on
+# PATH for what it starts).
+BASE_ENVS = {"0.9.1": (REPO / ".venv-e2e-091", "3.12")}
 # How long a run's /dev/shm cleanup waits for the processes that created its entries to end (a killed group's
 # processes are gone within a second; one outside the group exits once its raylet has died).
 SHM_SETTLE_S = 10.0
@@ -55,6 +59,20 @@ class HarnessError(Exception):
     also carries how it ran (`measured`: its runner.Measured, wall time and peak memory)."""
 
     measured = None
+
+
+def base_python(base: str | None) -> Path:
+    """The Python a launch on `base` runs with: this one, or the base's own e2e environment (BASE_ENVS)."""
+    if base not in BASE_ENVS:
+        return Path(sys.executable)
+    link, version = BASE_ENVS[base]
+    python = link / "bin" / "python"
+    if not python.is_file():
+        raise HarnessError(
+            f"verl {base} runs in its own environment and {link.name} is missing; build it with "
+            f"`PYTHON=python{version} bash scripts/setup_e2e.sh --base {base}`"
+        )
+    return python
 
 
 @dataclass
@@ -103,14 +121,18 @@ def launcher_env(
     hook_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """This process's environment with the run's model, data, folders, name and verl base (VERL_BASE; the
-    recipe's default when None), and the e2e Python first on PATH."""
+    recipe's default when None), and the e2e Python first on PATH (the base's own, handed over as PYTHON too, when
+    its stack is another environment: BASE_ENVS)."""
     env = dict(os.environ)
     env.pop("VERL_BASE", None)
     if base:
         env["VERL_BASE"] = base
+    python = base_python(base)
+    if python != Path(sys.executable):
+        env["PYTHON"] = str(python)
     run_dir = out / name
     env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
         MODEL_DIR=str(model_dir),
         DATA_DIR=str(data_dir),
         LOG_DIR=str(run_dir),

