@@ -14,6 +14,7 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
             e2e environment (.venv-e2e-091: scripts/setup_e2e.sh --base 0.9.1): 3 GRPO steps through the legacy
             trainer and the engine workers, checkpoint at step 2; not in the default --runs
     v091-resume  verl 0.9.1: resume_mode=auto from a copy of the v091 run's step-2 checkpoint: does step 3
+    qwen-2r-v091  the qwen-2r run on verl 0.9.1 (its environment, as v091)
     qwen-2r  verl 0.7.1 through the four-card launcher (`run_qwen2_5_1_5b.sh --cpu`) with NPUS=2: FSDP2 sharded
             over 2 gloo ranks, one vLLM server per rank; 3 GRPO steps, checkpoint at the last one
     deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
@@ -83,7 +84,7 @@ DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, o
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
 # as PYTHON (launch.py's BASE_ENVS); opt-in (--runs), like the multi-node runs.
-V091_RUNS = ("v091", "v091-resume")
+V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 RUNS += V091_RUNS
 RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
 RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
@@ -93,7 +94,7 @@ RUNS += tuple(MULTINODE_RUNS)
 DEEPSEEK_RUNS += tuple(MULTINODE_RUNS)
 RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1"})
 # The runs through the four-card Qwen launcher, and the ranks (NPUS) each runs on.
-RUN_RANKS = {"qwen-2r": 2}
+RUN_RANKS = {"qwen-2r": 2, "qwen-2r-v091": 2}
 RUN_BASE["qwen-2r"] = "0.7.1"
 QWEN_RANKS_LAUNCHER = QWEN_LAUNCHER.with_name("run_qwen2_5_1_5b.sh")
 RESUMES = {"resume": "sync", "v071-resume": "v071", "v091-resume": "v091"}

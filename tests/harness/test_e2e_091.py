@@ -70,3 +70,17 @@ def test_the_0_9_1_base_resumes_from_its_own_checkpoint(runs_091):
     run = summary["runs"]["v091-resume"]
     assert run["base"] == "0.9.1"
     assert run["resumed_from_step"] == 2 and run["steps_done"] == [3]
+
+
+def test_without_the_weight_sync_the_0_9_1_check_fails(e2e_python, e2e_python_091, tmp_path):
+    """The negative control: with every sync after the first skipped (the harness's hook on 0.9.1's ServerAdapter),
+    vLLM's gap grows to the stale gap and the check fails, so the pass above is the sync's doing."""
+    out = tmp_path / "e2e_out"
+    proc, summary = _e2e(e2e_python, out, "--runs", "v091", "--disable-weight-sync")
+    tier_report.record_e2e("test_e2e_091", summary, ["v091"])
+    assert proc.returncode == 1, _tail(proc)
+    run = summary["runs"]["v091"]
+    stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+    assert stale >= 0.01 and rollout > stale / 5, (rollout, stale)
+    failed = [c["check"] for c in summary["checks"] if not c["ok"]]
+    assert failed == ["weight sync"], summary["checks"]
