@@ -19,7 +19,7 @@ import tier_report
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.full]
-RUNS = ("v091", "v091-resume")
+RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 
 
 def _tail(proc: subprocess.CompletedProcess) -> str:
@@ -41,7 +41,8 @@ def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def runs_091(e2e_python, e2e_python_091, tmp_path_factory):
-    """v091 (3 steps, checkpoint at step 2), then v091-resume (step 3 from that checkpoint), in one e2e command."""
+    """v091 (3 steps, checkpoint at step 2), v091-resume (step 3 from that checkpoint) and qwen-2r-v091 (the
+    four-card launcher with NPUS=2), in one e2e command."""
     assert (REPO / ".venv-e2e-091" / "bin" / "python").resolve() == e2e_python_091.resolve()
     out = tmp_path_factory.mktemp("e2e091") / "e2e_out"
     proc, summary = _e2e(e2e_python, out, "--runs", ",".join(RUNS))
@@ -70,6 +71,18 @@ def test_the_0_9_1_base_resumes_from_its_own_checkpoint(runs_091):
     run = summary["runs"]["v091-resume"]
     assert run["base"] == "0.9.1"
     assert run["resumed_from_step"] == 2 and run["steps_done"] == [3]
+
+
+def test_the_0_9_1_base_trains_on_two_ranks(runs_091):
+    """qwen-2r-v091: FSDP2 over 2 gloo ranks, one vLLM server per rank, each rank's shard in the checkpoint."""
+    proc, summary, _ = runs_091
+    assert summary, _tail(proc)
+    run = summary["runs"]["qwen-2r-v091"]
+    assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
+    assert run["dp_ranks"] == [2, 2, 2] and run["rollout_servers"] == 2
+    assert run["checkpoint"]["world_size"] == 2 and run["checkpoint"]["shard_ranks"] == [0, 1]
+    checks = [c for c in summary["checks"] if c["run"] == "qwen-2r-v091"]
+    assert checks and all(c["ok"] for c in checks), checks
 
 
 def test_without_the_weight_sync_the_0_9_1_check_fails(e2e_python, e2e_python_091, tmp_path):
