@@ -34,7 +34,7 @@ demo: e2e-setup
 e2e-setup: setup
 	@bash scripts/setup_e2e.sh
 
-# verl 0.9.1's stack is a second environment; PYTHON picks the Python 3.12 it is built with (default: python3.12).
+# verl 0.9.1's stack is a second environment, built with Python 3.12 (python3.12 on PATH, else pyenv's; PYTHON= to pick one).
 e2e-setup-091: setup
 	@bash scripts/setup_e2e.sh --base 0.9.1
 

