@@ -33,7 +33,11 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
   must agree in value; square roots of rationals (``\\sqrt{12}`` = ``2\\sqrt{3}``, ``\\frac{1}{1+\\sqrt{2}}`` =
   ``\\sqrt{2}-1``), and ``\\pi`` and single letters as unknowns (``(x+2)(x+5)`` = ``x^2+7x+10``: equal rational
-  functions, compared at two fixed points where each unknown is a rational), points element by element.
+  functions, compared at two fixed points where each unknown is a rational), points element by element;
+  n-th roots and fractional powers of rationals, powers of e, ``\\ln``, ``\\log_b``, ``\\sin``/``\\cos``/``\\tan``
+  of a number, roots and products of letters and binomial coefficients, as sums of monomials built by
+  identities only (``6^{3/2}`` = ``6\\sqrt{6}``, ``\\sqrt{9x}`` = ``3x^{1/2}``; wrong where the values plainly
+  differ, ``e^{7}`` for ``e^{6}``); flat sets in braces as sets (``\\{2,1\\}`` = ``\\{1,2\\}``).
   In the helpers, a near miss whose parsed value plainly differs from the truth's (30 digits, letters set to one
   positive rational) is answered without sympy's simplify, where math_verify could only say False (``_Apart``),
   and math_verify's LaTeX parser tries ANTLR's SLL prediction before its full LL one (the same parse, faster).
