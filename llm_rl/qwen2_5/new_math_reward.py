@@ -33,7 +33,11 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   degree and percent signs (``36°`` = ``36^\\circ``; ``12.5`` for ``12.5\\%``) and several boxes, which
   must agree in value; square roots of rationals (``\\sqrt{12}`` = ``2\\sqrt{3}``, ``\\frac{1}{1+\\sqrt{2}}`` =
   ``\\sqrt{2}-1``), and ``\\pi`` and single letters as unknowns (``(x+2)(x+5)`` = ``x^2+7x+10``: equal rational
-  functions, compared at two fixed points where each unknown is a rational), points element by element.
+  functions, compared at two fixed points where each unknown is a rational), points element by element;
+  n-th roots and fractional powers of rationals, powers of e, ``\\ln``, ``\\log_b``, ``\\sin``/``\\cos``/``\\tan``
+  of a number, roots and products of letters and binomial coefficients, as sums of monomials built by
+  identities only (``6^{3/2}`` = ``6\\sqrt{6}``, ``\\sqrt{9x}`` = ``3x^{1/2}``; wrong where the values plainly
+  differ, ``e^{7}`` for ``e^{6}``); flat sets in braces as sets (``\\{2,1\\}`` = ``\\{1,2\\}``).
   In the helpers, a near miss whose parsed value plainly differs from the truth's (30 digits, letters set to one
   positive rational) is answered without sympy's simplify, where math_verify could only say False (``_Apart``),
   and math_verify's LaTeX parser tries ANTLR's SLL prediction before its full LL one (the same parse, faster).
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import gc
 import importlib.util
 import itertools
@@ -1052,6 +1057,371 @@ def _key_verdict(a: str, t: str) -> bool | None:
     return False if ak.exact and tk.exact else None
 
 
+# ---------------------------------------------------------------- radicals, e, logarithms and trigonometry, exactly
+#
+# What _Exact leaves (cube roots, fractional powers, e^k, \ln, \sin/\cos/\tan of a number, a root of a letter,
+# products of letters, binomial coefficients) is read as a sum of monomials with rational coefficients.  A
+# monomial multiplies atoms raised to rational powers: a prime (exponent in (0, 1), the whole part moved into the
+# coefficient), e, \pi, a letter, or a function of a constant (\ln 19, \cos 2: whole exponents only).  Every
+# rewrite used is an identity for every value of the letters (x^a x^b = x^{a+b}; (c x)^r = c^r x^r only for a
+# rational c > 0 and x to the first power), so two answers with the same form are equal: True.  Two forms that
+# differ may still be equal (\ln 4 and 2\ln 2), so False needs their values, e as Euler's number and each letter a
+# fixed positive number, to differ by more than APART, which no rounding of math_verify's bridges.
+
+MAX_FORM_TERMS = 32
+MAX_FORM_BASE = 10**6  # a rational under a fractional power: numerator and denominator factored below this
+MAX_FORM_ROOT = 64  # \sqrt[n]{}, and the denominator of a fractional power
+MAX_BINOMIAL = 1000
+_FORM_FUNCTIONS = frozenset(("\\ln", "\\sin", "\\cos", "\\tan", "\\log"))
+_FORM_TOKEN_RE = re.compile(
+    r"(\d+\.\d+|\d+|\.\d+)"
+    r"|(\\(?:frac|sqrt|binom|dbinom|tbinom|ln|sin|cos|tan|log)(?![a-zA-Z])|\\cdot(?!s)|\\times|\\div(?!ide)"
+    r"|\\pi|[-+*/^(){}\[\]_]|[a-df-hj-z](?![({])|e(?![({]))"  # x(x+1): x( may be a function applied
+)
+_FORM_FLOATS = {"e": math.e, "\\pi": math.pi}
+_Mono = tuple  # ((atom, Fraction exponent), ...) sorted by atom
+_FormValue = dict  # {monomial: Fraction coefficient}, {} for zero
+
+
+class _Form(NamedTuple):
+    value: frozenset  # the (monomial, coefficient) pairs
+    number: float  # its value, e as Euler's number and each letter a fixed positive number
+    scale: float  # the sum of its terms' magnitudes (how far float rounding can move `number`)
+    exact: bool  # no finite decimal in it
+    letters: frozenset
+
+
+def _prime_factors(n: int) -> dict[int, int]:
+    """n's prime factors with their multiplicities, for 1 <= n < MAX_FORM_BASE (so what trial division by the
+    primes below 1000 leaves is 1 or a prime)."""
+    out: dict[int, int] = {}
+    for p in _SMALL_PRIMES:
+        if p * p > n:
+            break
+        while n % p == 0:
+            n //= p
+            out[p] = out.get(p, 0) + 1
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def _form_small(q: Fraction) -> Fraction:
+    if q.numerator.bit_length() > MAX_EXACT_BITS or q.denominator.bit_length() > MAX_EXACT_BITS:
+        raise ValueError("too large to evaluate exactly")
+    return q
+
+
+def _mono_mul(m1: _Mono, m2: _Mono) -> tuple[Fraction, _Mono]:
+    """m1 m2 as a rational factor and a monomial: 2^{2/3} 2^{2/3} = 2 * 2^{1/3}."""
+    exps = dict(m1)
+    for atom, e in m2:
+        exps[atom] = exps.get(atom, _ZERO) + e
+    factor, out = Fraction(1), []
+    for atom, e in exps.items():
+        if isinstance(atom, int):  # a prime
+            whole = math.floor(e)
+            if whole:
+                if abs(whole) * atom.bit_length() > MAX_EXACT_BITS:
+                    raise ValueError("too large to evaluate exactly")
+                factor *= Fraction(atom) ** whole
+                e -= whole
+        if e:
+            out.append((atom, e))
+    return factor, tuple(sorted(out, key=lambda item: repr(item[0])))
+
+
+def _fadd(x: _FormValue, y: _FormValue, sign: int = 1) -> _FormValue:
+    out = dict(x)
+    for mono, c in y.items():
+        total = _form_small(out.get(mono, _ZERO) + sign * c)
+        if total:
+            out[mono] = total
+        else:
+            out.pop(mono, None)
+    if len(out) > MAX_FORM_TERMS:
+        raise ValueError("too many terms")
+    return out
+
+
+def _fmul(x: _FormValue, y: _FormValue) -> _FormValue:
+    out: _FormValue = {}
+    for m1, c1 in x.items():
+        for m2, c2 in y.items():
+            factor, mono = _mono_mul(m1, m2)
+            out = _fadd(out, {mono: _form_small(c1 * c2 * factor)})
+    return out
+
+
+def _finverse(x: _FormValue) -> _FormValue:
+    """1/x for a single term (a sum in a denominator is left to sympy)."""
+    if len(x) != 1:
+        raise ValueError("not a single term")
+    ((mono, c),) = x.items()
+    factor, inverse = _mono_mul((), tuple((atom, -e) for atom, e in mono))
+    return {inverse: _form_small(factor / c)}
+
+
+def _fconstant(x: _FormValue) -> Fraction | None:
+    if not x:
+        return _ZERO
+    return x.get(()) if len(x) == 1 else None
+
+
+def _froot(x: _FormValue, r: Fraction) -> _FormValue:
+    """x^r for a fractional r, where an identity gives it: x a single term c M with c > 0 rational and M of
+    primes, e, \\pi and at most one letter, that letter to the first power."""
+    if len(x) != 1 or r.denominator > MAX_FORM_ROOT or abs(r) > MAX_FORM_ROOT:
+        raise ValueError("not a root taken here")
+    ((mono, c),) = x.items()
+    if c <= 0 or c.numerator >= MAX_FORM_BASE or c.denominator >= MAX_FORM_BASE:
+        raise ValueError("not a root taken here")
+    letters = [(atom, e) for atom, e in mono if isinstance(atom, str) and atom not in _FORM_FLOATS]
+    if letters and (len(letters) > 1 or letters[0][1] != 1 or not letters[0][0].isalpha()):
+        raise ValueError("(x^2)^{1/2} is not x: left to sympy")
+    powers = [(atom, e * r) for atom, e in mono]
+    powers += [(p, k * r) for p, k in _prime_factors(c.numerator).items()]
+    powers += [(p, -k * r) for p, k in _prime_factors(c.denominator).items()]
+    value: _FormValue = {(): Fraction(1)}
+    for atom, e in powers:
+        factor, single = _mono_mul((), ((atom, e),))
+        value = _fmul(value, {single: factor})
+    return value
+
+
+def _fpower(x: _FormValue, r: Fraction) -> _FormValue:
+    if r.denominator != 1:
+        return _froot(x, r)
+    n = abs(int(r))
+    if n > _MAX_EXACT_POWER:
+        raise ValueError("not an exact power")
+    result: _FormValue = {(): Fraction(1)}
+    while n:
+        if n & 1:
+            result = _fmul(result, x)
+        n >>= 1
+        if n:
+            x = _fmul(x, x)
+    return _finverse(result) if r < 0 else result
+
+
+class _FormParser:
+    """Reads a normalised answer into a _FormValue, recording the float value of each function atom; raises
+    ValueError on anything outside the grammar (then sympy decides)."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(text):
+            m = _FORM_TOKEN_RE.match(text, pos)
+            if m is None:
+                raise ValueError("not in the grammar")
+            self.tokens.append(("num", m.group(1)) if m.group(1) else ("op", m.group(2)))
+            pos = m.end()
+        self.i, self.exact, self.floats, self.letters = 0, True, dict(_FORM_FLOATS), set()
+
+    def parse(self) -> _FormValue:
+        value = self._sum()
+        if self.i != len(self.tokens):
+            raise ValueError("trailing tokens")
+        return value
+
+    def _peek(self, ahead: int = 0) -> str | None:
+        return self.tokens[self.i + ahead][1] if self.i + ahead < len(self.tokens) else None
+
+    def _take(self, expected: str) -> None:
+        if self._peek() != expected:
+            raise ValueError(f"expected {expected}")
+        self.i += 1
+
+    def _sum(self) -> _FormValue:
+        value = self._product()
+        while self._peek() in ("+", "-"):
+            sign = 1 if self.tokens[self.i][1] == "+" else -1
+            self.i += 1
+            value = _fadd(value, self._product(), sign)
+        return value
+
+    def _juxtaposed(self) -> bool:
+        tok = self._peek()
+        return tok is not None and (
+            self.tokens[self.i][0] == "num" or tok not in _INFIX and tok not in ("]", "_")
+        )
+
+    def _product(self) -> _FormValue:
+        value = self._unary()
+        while True:
+            tok = self._peek()
+            if tok in ("*", "\\cdot", "\\times", "/", "\\div"):
+                self.i += 1
+                rhs = self._unary()
+                if tok in ("/", "\\div"):
+                    if self._juxtaposed():
+                        raise ValueError("1/2x: math_verify reads 1/(2x), a reader may mean x/2")
+                    rhs = _finverse(rhs)
+                value = _fmul(value, rhs)
+            elif self._juxtaposed():
+                if tok == "\\frac" and self.tokens[self.i - 1][0] == "num":
+                    raise ValueError("1\\frac{1}{2} may be a mixed number: math_verify decides")
+                value = _fmul(value, self._power())
+            else:
+                return value
+
+    def _unary(self) -> _FormValue:
+        if self._peek() in ("-", "+"):
+            sign = -1 if self.tokens[self.i][1] == "-" else 1
+            self.i += 1
+            return _fadd({}, self._unary(), sign)
+        return self._power()
+
+    def _rational(self, read) -> Fraction:
+        value = _fconstant(read())
+        if value is None:
+            raise ValueError("not a rational here")
+        return value
+
+    def _power(self) -> _FormValue:
+        start = self.i
+        base = self._atom()
+        if self._peek() != "^":
+            return base
+        if self.tokens[start][1] in _FORM_FUNCTIONS:
+            raise ValueError("\\sin{1}^2: left to sympy")
+        self.i += 1
+        return _fpower(base, self._rational(self._atom if self._peek() != "-" else self._unary))
+
+    def _group(self) -> _FormValue:
+        self._take("{")
+        value = self._sum()
+        self._take("}")
+        return value
+
+    def _atom(self) -> _FormValue:
+        if self.i >= len(self.tokens):
+            raise ValueError("missing operand")
+        kind, tok = self.tokens[self.i]
+        self.i += 1
+        if kind == "num":
+            if not tok.isdigit():
+                self.exact = False
+            value = Fraction(tok)
+            return {(): value} if value else {}
+        if tok in ("(", "{"):
+            value = self._sum()
+            self._take(")" if tok == "(" else "}")
+            return value
+        if tok in ("e", "\\pi"):
+            return {((tok, Fraction(1)),): Fraction(1)}
+        if len(tok) == 1 and tok.isalpha():
+            if self._peek() is not None and self.tokens[self.i][0] == "op" and self._peek().isalpha():
+                previous = self.tokens[self.i - 2] if self.i >= 2 else ("op", "")
+                if previous[0] != "num" and previous[1] not in ("\\cdot", "\\times"):
+                    raise ValueError("a run of letters with no coefficient may be a word")
+            self.letters.add(tok)
+            self.floats[tok] = 0.5 + math.sqrt(ord(tok)) / 3  # x is 4.15...: no MATH answer is built on it
+            return {((tok, Fraction(1)),): Fraction(1)}
+        if tok == "\\frac":
+            return _fmul(self._group(), _finverse(self._group()))
+        if tok == "\\sqrt":
+            index = Fraction(2)
+            if self._peek() == "[":
+                self.i += 1
+                index = self._rational(self._sum)
+                self._take("]")
+                if index.denominator != 1 or not 2 <= index <= MAX_FORM_ROOT:
+                    raise ValueError("not a root index")
+            return _froot(self._group(), 1 / index)
+        if tok in ("\\binom", "\\dbinom", "\\tbinom"):
+            n, k = self._rational(self._group), self._rational(self._group)
+            if n.denominator != 1 or k.denominator != 1 or not 0 <= k <= n <= MAX_BINOMIAL:
+                raise ValueError("not a binomial coefficient of small whole numbers")
+            return {(): Fraction(math.comb(int(n), int(k)))}
+        if tok in _FORM_FUNCTIONS:
+            return self._function(tok)
+        raise ValueError(f"unexpected {tok}")
+
+    def _function(self, name: str) -> _FormValue:
+        base = None
+        # \log_{10} 15; a bare \log is read differently by different people: sympy decides
+        if name == "\\log":
+            self._take("_")
+            base = self._argument()
+        argument = self._argument()
+        # what may follow: math_verify reads \cos 2x, \sin{1}^2 and \ln 7\cdot 10 as \cos(2x), \sin(1^2), \ln 70
+        if self._peek() not in (None, "+", "-", ")", "}"):
+            raise ValueError("where the argument ends is left to sympy")
+        if base is None:
+            return self._apply(name, argument)
+        return _fmul(self._apply("\\ln", argument), _finverse(self._apply("\\ln", base)))
+
+    def _argument(self) -> _FormValue:
+        tok = self._peek()
+        if tok in ("{", "("):
+            value = self._atom()
+        elif tok == "\\frac" or self.i < len(self.tokens) and self.tokens[self.i][0] == "num":
+            value = self._atom()
+        else:
+            raise ValueError("a function's argument is left to sympy")
+        if any(isinstance(atom, str) and atom not in _FORM_FLOATS for mono in value for atom, _ in mono):
+            raise ValueError("a letter in a function's argument is left to sympy")
+        return value
+
+    def _apply(self, name: str, argument: _FormValue) -> _FormValue:
+        x = _form_float(argument, self.floats)
+        y = {"\\ln": math.log, "\\sin": math.sin, "\\cos": math.cos, "\\tan": math.tan}[name](x)
+        if name == "\\ln" and not x > 0 or not math.isfinite(y) or y == 0:
+            raise ValueError("outside the function's domain, or a value of 0: sympy decides")
+        atom = f"{name}({sorted(map(repr, argument.items()))!r})"
+        self.floats[atom] = y
+        return {((atom, Fraction(1)),): Fraction(1)}
+
+
+def _form_float(value: _FormValue, floats: dict, scale: bool = False) -> float:
+    """value as a float (or the sum of its terms' magnitudes); OverflowError/ValueError when out of range."""
+    total = 0.0
+    for mono, c in value.items():
+        term = float(c)
+        for atom, e in mono:
+            term *= math.pow(floats[atom] if isinstance(atom, str) else atom, float(e))
+        total += abs(term) if scale else term
+    if not math.isfinite(total):
+        raise OverflowError("too large")
+    return total
+
+
+@functools.lru_cache(maxsize=4096)
+def _form(s: str) -> _Form | None:
+    if not s or len(s) > 200:
+        return None
+    try:
+        parser = _FormParser(s)
+        value = parser.parse()
+        number = _form_float(value, parser.floats)
+        scale = _form_float(value, parser.floats, scale=True)
+    except (*_EXACT_ERRORS, KeyError, TypeError):
+        return None
+    return _Form(frozenset(value.items()), number, scale, parser.exact, frozenset(parser.letters))
+
+
+def _form_verdict(a: str, t: str) -> bool | None:
+    """The same form: True; values that differ by more than rounding, with the same letters and no decimals:
+    False; else None."""
+    fa, ft = _form(a), _form(t)
+    if fa is None or ft is None:
+        return None
+    for f in (fa, ft):  # a lone letter is something else to math_verify (a choice, a name): it decides
+        if any(f.value == {(((x, Fraction(1)),), Fraction(1))} for x in f.letters):
+            return None
+    if fa.value == ft.value:
+        return True
+    if not (fa.exact and ft.exact) or fa.letters != ft.letters:
+        return None
+    gap = abs(fa.number - ft.number)
+    if gap > APART * max(1.0, abs(fa.number), abs(ft.number)) and gap > 1e-9 * (fa.scale + ft.scale):
+        return False
+    return None
+
+
 _UNIT_SPELLINGS = {  # the words for one unit that models write
     "cm": "centimeter",
     "m": "meter",
@@ -1358,8 +1728,17 @@ def _tuple_verdict(a: str, t: str) -> bool | None:
     return _all_verdict([_verdict_one(x, y) for x, y in zip(items_a, items_t, strict=True)])
 
 
+def _unbraced(s: str) -> str:
+    """The elements of a flat set written \\{1,2\\}: 1,2 (a list of solutions is a set already); s otherwise."""
+    if s.startswith("\\{") and s.endswith("\\}") and "\\{" not in s[2:-2] and "\\}" not in s[2:-2]:
+        return s[2:-2]
+    return s
+
+
 def _set_verdict(a: str, t: str) -> bool | None:
-    """Solutions as sets of exact values: 1 or 2 for 1, 2; 5, -5 for \\pm 5; not 5 alone, nor the pair (1, 2)."""
+    """Solutions as sets of exact values: 1 or 2 for 1, 2; 5, -5 for \\pm 5; \\{2,1\\} for \\{1,2\\}; not 5 alone,
+    nor the pair (1, 2)."""
+    a, t = _unbraced(a), _unbraced(t)
     alternatives = _ALTERNATIVES_RE.search(a) is not None
     bracketed = t[:1] in ("(", "[") and t[-1:] in (")", "]") and "," in t
     if alternatives and bracketed and len(_top_level(t, comma_needs_space=False) or ()) == 1:
@@ -1559,7 +1938,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
     av, tv = _exact(ap), _exact(tp)
     if av is None or tv is None:
         # square roots, \pi, letters: only as written (60^\circ is \frac{\pi}{3} to math_verify)
-        return _key_verdict(a, t) if (a, t) == (ap, tp) else None
+        if (a, t) != (ap, tp):
+            return None
+        verdict = _key_verdict(a, t)
+        return verdict if verdict is not None else _form_verdict(a, t)
     verdict = _numeric_verdict(av, tv)
     if (aw != a or tw != t) and (ap, tp) == (aw, tw) and _measures(a, t):
         # 6\text{ cm} for 5, 500 for 5\text{ m}: the numbers decide, as they do for math_verify

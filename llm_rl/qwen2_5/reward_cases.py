@@ -6,6 +6,8 @@ ways round where the rule is symmetric. tests/qwen2_5/test_reward_hard.py assert
 
 from __future__ import annotations
 
+import math
+
 
 def both_ways(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return pairs + [(b, a) for a, b in pairs]
@@ -355,6 +357,92 @@ def generated_pairs(n: int, seed: int) -> list[tuple[str, str, str]]:
             truth = f"({a},{k}\\sqrt{{{m}}})"
             answers = [f"({a}, \\sqrt{{{k * k * m}}})", f"({k}\\sqrt{{{m}}},{a})", f"({-a},{k}\\sqrt{{{m}}})"]
         shape = ("quadratic", "cube", "square root", "pi", "rational function", "denominator", "point")[kind]
+        out.append((shape, rng.choice(answers), truth))
+    return out
+
+
+def form_pairs(n: int, seed: int) -> list[tuple[str, str, str]]:
+    """n (shape, answer, truth) pairs beyond square roots and pi: n-th roots and fractional powers, powers of e,
+    logarithms, sines and cosines of numbers, roots and products of letters, binomial coefficients; each written as
+    the truth is, another way, or as a near miss.  Whatever the cheap checks decide of them must be math_verify's
+    verdict (tests/qwen2_5/test_reward_forms.py)."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[str, str, str]] = []
+    while len(out) < n:
+        c, d = rng.randint(2, 12), rng.randint(2, 9)
+        k = rng.choice([2, 3, 5, 6, 7, 10, 11, 12, 13, 15, 17, 20, 21, 28, 30, 45])
+        r = rng.choice([2, 3, 4, 5])
+        kind = rng.randrange(9)
+        if kind == 0:  # an r-th root
+            truth = f"\\sqrt[{r}]{{{k}}}"
+            answers = [f"{k}^{{1/{r}}}", f"{k}^{{\\frac{{1}}{{{r}}}}}", f"\\sqrt[{r}]{{{k * c**r}}}/{c}"]
+            answers += [
+                f"\\sqrt[{r}]{{{k + 1}}}",
+                f"\\sqrt[{r + 1}]{{{k}}}",
+                f"{k}^{{{r}}}",
+                f"\\frac{{{k}}}{{{r}}}",
+            ]
+        elif kind == 1:  # a fractional power
+            truth = f"{k}^{{{d}/{r}}}"
+            answers = [
+                f"\\sqrt[{r}]{{{k}^{d}}}",
+                f"({k}^{{1/{r}}})^{{{d}}}",
+                f"{k}^{{\\frac{{{d * c}}}{{{r * c}}}}}",
+            ]
+            answers += [f"{k}^{{{r}/{d}}}", f"\\sqrt[{r}]{{{k}}}", f"{k + 1}^{{{d}/{r}}}"]
+        elif kind == 2:  # a power of e
+            truth = f"e^{{{d}}}"
+            answers = [
+                f"e^{d}",
+                f"e^{{{d - 1}}}\\cdot e",
+                f"\\frac{{e^{{{d + 1}}}}}{{e}}",
+                f"(e^{{{d}/2}})^2",
+            ]
+            answers += [f"e^{{-{d}}}", f"{d}e", f"e^{{{d + 1}}}", f"{d}^e"]
+        elif kind == 3:  # a logarithm
+            truth = f"{c}\\ln {k}"
+            answers = [f"{c}\\ln({k})", f"{c}\\ln{{{k}}}", f"\\ln {k}\\cdot {c}"]
+            answers += [f"{c}\\ln {k + 1}", f"{c + 1}\\ln {k}", f"{c}\\log_{{10}} {k}", f"\\ln {k * c}"]
+        elif kind == 4:  # a sine or cosine of a number
+            f, g = rng.sample(["\\sin", "\\cos", "\\tan"], 2)
+            arg = rng.choice([str(d), f"\\frac{{\\pi}}{{{k}}}", f"\\frac{{{d}}}{{{c}}}"])
+            truth = f"{c}{f}{{{arg}}}"
+            answers = [
+                f"{c}{f}({arg})",
+                f"{c} {f} {arg}" if arg.isdigit() else f"{c}{f}{arg}",
+                f"{f}{{{arg}}}\\cdot {c}",
+            ]
+            answers += [f"{c}{g}{{{arg}}}", f"{c + 1}{f}{{{arg}}}", f"{c}{f}{{{arg}+1}}"]
+        elif kind == 5:  # a root of a letter
+            truth = f"{c}\\sqrt{{x}}"
+            answers = [f"{c}x^{{1/2}}", f"\\sqrt{{{c * c}x}}", f"\\frac{{{c}x}}{{\\sqrt{{x}}}}"]
+            answers += [f"{c}x", f"{c}\\sqrt{{2x}}", f"{c + 1}\\sqrt{{x}}", f"\\sqrt{{{c}x}}"]
+        elif kind == 6:  # a product of letters
+            truth = f"{c}xy"
+            answers = [f"{c}yx", f"{c}\\cdot xy", f"{c}x\\cdot y"]
+            answers += [f"{c}x^2y", f"{c}x+y", f"{c + 1}xy", f"{c}xy^2"]
+        elif kind == 7:  # a binomial coefficient
+            m = rng.randint(4, 14)
+            j = rng.randint(1, m - 1)
+            truth = str(math.comb(m, j))
+            answers = [f"\\binom{{{m}}}{{{j}}}", f"\\dbinom{{{m}}}{{{m - j}}}"]
+            answers += [
+                f"\\binom{{{m + 1}}}{{{j}}}",
+                f"\\binom{{{m}}}{{{j + 1}}}" if j + 1 < m - j else f"{m}",
+            ]
+        else:  # a sum of radicals
+            truth = f"{c}+\\sqrt[3]{{{k}}}"
+            answers = [
+                f"\\sqrt[3]{{{k}}}+{c}",
+                f"{c}+{k}^{{1/3}}",
+                f"\\frac{{{2 * c}+2\\sqrt[3]{{{k}}}}}{{2}}",
+            ]
+            answers += [f"{c}+\\sqrt{{{k}}}", f"{c}-\\sqrt[3]{{{k}}}", f"{c}\\sqrt[3]{{{k}}}"]
+        shape = ("root", "power", "e", "log", "trig", "letter root", "letters", "binomial", "radical sum")[
+            kind
+        ]
         out.append((shape, rng.choice(answers), truth))
     return out
 

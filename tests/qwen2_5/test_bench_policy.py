@@ -69,3 +69,15 @@ def test_the_reward_agrees_with_the_held_out_workloads_labels(reward):
         ["s"] * len(items), [a for a, _, _ in items], [t for _, t, _ in items]
     )
     assert [(s["score"] > 0) for s in scores] == [ok for *_, ok in items]
+
+
+def test_the_reward_agrees_with_the_fresh_workloads_labels(reward):
+    """No false positive and no miss on the 768 answers of the fresh workload (the kinds the exact rules first left
+    to math_verify: roots, powers of e, logarithms, sines, letters under roots, binomials)."""
+    from llm_rl.qwen2_5.bench_reward import FRESH_PATH, policy_workload
+
+    items = policy_workload(0.0, 0, FRESH_PATH)
+    scores = reward.compute_score_batch(
+        ["s"] * len(items), [a for a, _, _ in items], [t for _, t, _ in items]
+    )
+    assert [(s["score"] > 0) for s in scores] == [ok for *_, ok in items]
