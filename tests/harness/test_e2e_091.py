@@ -9,34 +9,16 @@ budget on a fresh machine. The harness itself runs in the first e2e environment 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from test_e2e import _e2e, _tail  # the same e2e command and failure tail as the 0.13 stack's runs
 
 import tier_report
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.full]
 RUNS = ("v091", "v091-resume", "qwen-2r-v091")
-
-
-def _tail(proc: subprocess.CompletedProcess) -> str:
-    return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-
-
-def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return proc, summary
 
 
 @pytest.fixture(scope="module")
