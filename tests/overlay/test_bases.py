@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,14 @@ def test_each_recipe_names_its_bases_and_a_default() -> None:
                     manifest.with_overlay(spec, "cpu")
     with pytest.raises(UsageError, match="has no verl base 9.9.9; its bases: "):
         manifest.load_recipe("qwen2_5", "9.9.9")
+
+
+def test_a_base_the_cpu_overlay_has_no_series_for_is_refused_saying_what_to_add() -> None:
+    """Every base of today's recipes has a CPU series (0.9.1 since issue 45); a recipe on a base without one (here
+    the 0.9.1 recipe relabelled 9.9.9) is refused in one line naming the table to add."""
+    spec = replace(manifest.load_recipe("qwen2_5", "0.9.1"), version="9.9.9")
+    with pytest.raises(OverlayError, match=r'add a \[bases."9.9.9"\] series to patches/cpu/overlay.toml'):
+        manifest.with_overlay(spec, "cpu")
 
 
 def test_the_known_trees_file_fingerprints_every_base() -> None:
