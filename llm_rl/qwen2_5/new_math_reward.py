@@ -832,7 +832,31 @@ def _repeating(m: re.Match) -> Fraction:
     )
 
 
-class _Exact:
+class _Tokens:
+    """The cursor both exact readers share: tokens as (kind, text) pairs, the next text, one expected token, and
+    sums of products; a reader sets `_add(x, y, sign)` to its own kind of value's addition."""
+
+    tokens: list[tuple[str, str]]
+    i: int
+
+    def _peek(self, ahead: int = 0) -> str | None:
+        return self.tokens[self.i + ahead][1] if self.i + ahead < len(self.tokens) else None
+
+    def _take(self, expected: str) -> None:
+        if self._peek() != expected:
+            raise ValueError(f"expected {expected}")
+        self.i += 1
+
+    def _sum(self):
+        value = self._product()
+        while self._peek() in ("+", "-"):
+            sign = 1 if self.tokens[self.i][1] == "+" else -1
+            self.i += 1
+            value = self._add(value, self._product(), sign)
+        return value
+
+
+class _Exact(_Tokens):
     """Exact value of arithmetic on rationals, i, square roots of rationals, \\pi and letters: numbers, repeating
     decimals, \\frac, \\sqrt{}, + - * / ^ (whole powers), brackets.  A letter or \\pi takes the value the point
     gives it; `symbols` counts those read."""
@@ -861,21 +885,7 @@ class _Exact:
             raise ValueError("trailing tokens")
         return value
 
-    def _peek(self) -> str | None:
-        return self.tokens[self.i][1] if self.i < len(self.tokens) else None
-
-    def _take(self, expected: str) -> None:
-        if self._peek() != expected:
-            raise ValueError(f"expected {expected}")
-        self.i += 1
-
-    def _sum(self) -> _Surd:
-        value = self._product()
-        while self._peek() in ("+", "-"):
-            sign = 1 if self.tokens[self.i][1] == "+" else -1
-            self.i += 1
-            value = _sadd(value, self._product(), sign)
-        return value
+    _add = staticmethod(_sadd)
 
     def _product(self) -> _Surd:
         value = self._unary()
@@ -1205,7 +1215,7 @@ def _fpower(x: _FormValue, r: Fraction) -> _FormValue:
     return _finverse(result) if r < 0 else result
 
 
-class _FormParser:
+class _FormParser(_Tokens):
     """Reads a normalised answer into a _FormValue, recording the float value of each function atom; raises
     ValueError on anything outside the grammar (then sympy decides)."""
 
@@ -1226,21 +1236,7 @@ class _FormParser:
             raise ValueError("trailing tokens")
         return value
 
-    def _peek(self, ahead: int = 0) -> str | None:
-        return self.tokens[self.i + ahead][1] if self.i + ahead < len(self.tokens) else None
-
-    def _take(self, expected: str) -> None:
-        if self._peek() != expected:
-            raise ValueError(f"expected {expected}")
-        self.i += 1
-
-    def _sum(self) -> _FormValue:
-        value = self._product()
-        while self._peek() in ("+", "-"):
-            sign = 1 if self.tokens[self.i][1] == "+" else -1
-            self.i += 1
-            value = _fadd(value, self._product(), sign)
-        return value
+    _add = staticmethod(_fadd)
 
     def _juxtaposed(self) -> bool:
         tok = self._peek()
