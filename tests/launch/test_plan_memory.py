@@ -395,14 +395,11 @@ def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tr
     assert sum(ln.endswith("<- peak") for ln in lines) == 1
 
 
-def test_the_memory_hook_records_weights_gradients_and_adam_states(tmp_path, monkeypatch):
-    """hooks/recipes_memory_record.py on a stand-in for verl's DataParallelPPOActor: the bytes it writes are the
-    tensors' sizes (the full-tier test below runs it inside a real CPU run)."""
+@pytest.fixture
+def memory_hook(tmp_path, monkeypatch):
+    """hooks/recipes_memory_record.py imported with its record file set: (the module, the record file)."""
     import importlib
     import sys
-    import types
-
-    import torch
 
     from ascend_rl.paths import HOOK_PATH
 
@@ -411,28 +408,60 @@ def test_the_memory_hook_records_weights_gradients_and_adam_states(tmp_path, mon
     for folder in reversed(HOOK_PATH):
         monkeypatch.syspath_prepend(str(folder))
     sys.modules.pop("recipes_memory_record", None)
-    hook = importlib.import_module("recipes_memory_record")
     try:
-        model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 values
-
-        class Actor:
-            def __init__(self):
-                self.actor_module = model
-                self.actor_optimizer = torch.optim.AdamW(model.parameters())
-
-            def _optimizer_step(self):
-                self.actor_optimizer.step()
-
-        module = types.SimpleNamespace(DataParallelPPOActor=Actor)
-        hook._patch_actor(module)
-        model(torch.ones(2, 8)).sum().backward()
-        Actor()._optimizer_step()
-        (line,) = [json.loads(x) for x in record.read_text().splitlines()]
-        assert line["phase"] == "actor update"
-        assert (line["weights"], line["gradients"], line["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+        yield importlib.import_module("recipes_memory_record"), record
     finally:
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "recipes_memory_record"]
         sys.modules.pop("recipes_memory_record", None)
+
+
+def _stepped_record(hook, record, stand_in: str, patch: str, attrs: dict[str, str], method: str) -> dict:
+    """A stand-in class `stand_in` holding a Linear(8, 4) and its AdamW under `attrs` (role -> attribute), patched
+    by the hook's `patch` and stepped once through `method` after a backward pass: the one record it wrote."""
+    import types
+
+    import torch
+
+    model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 values
+
+    def __init__(self):
+        setattr(self, attrs["model"], model)
+        setattr(self, attrs["optimizer"], torch.optim.AdamW(model.parameters()))
+
+    def step(self):
+        getattr(self, attrs["optimizer"]).step()
+
+    cls = type(stand_in, (), {"__init__": __init__, method: step})
+    getattr(hook, patch)(types.SimpleNamespace(**{stand_in: cls}))
+    model(torch.ones(2, 8)).sum().backward()
+    getattr(cls(), method)()
+    (line,) = [json.loads(x) for x in record.read_text().splitlines()]
+    return line
+
+
+@pytest.mark.parametrize(
+    "stand_in,patch,attrs,method",
+    [
+        # verl 0.6.0 / 0.7.1: the dp_actor's step
+        (
+            "DataParallelPPOActor",
+            "_patch_actor",
+            {"model": "actor_module", "optimizer": "actor_optimizer"},
+            "_optimizer_step",
+        ),
+        # verl 0.9.1's engine workers: the FSDP engine's step (workers/engine/fsdp/transformer_impl.py)
+        ("FSDPEngine", "_patch_engine", {"model": "module", "optimizer": "optimizer"}, "optimizer_step"),
+    ],
+)
+def test_the_memory_hook_records_weights_gradients_and_adam_states(
+    memory_hook, stand_in, patch, attrs, method
+):
+    """hooks/recipes_memory_record.py on a stand-in for verl's actor (0.6.0 / 0.7.1) or FSDP engine (0.9.1): the
+    bytes it writes are the tensors' sizes (the full-tier test below runs it inside a real CPU run)."""
+    hook, record = memory_hook
+    line = _stepped_record(hook, record, stand_in, patch, attrs, method)
+    assert line["phase"] == "actor update" and line["strategy"] == "fsdp"
+    assert (line["weights"], line["gradients"], line["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
 
 
 # --- checked against measurement (make test-full): a CPU run's bytes per rank and phase equal the plan's

@@ -3,15 +3,17 @@
 With RECIPES_MEMORY_RECORD=<file>, every process of the run appends one JSON line to <file>:
 - at each actor update's optimizer step, phase "actor update": its torch.distributed rank, the actor's weights,
   their gradients before the step and the optimizer's states after it.
-  FSDP (verl's DataParallelPPOActor._optimizer_step, verl 0.6.0 and 0.7.1): the local shard of every parameter
-  (an FSDP2 DTensor's to_local()), its gradient, AdamW's exp_avg / exp_avg_sq.
+  FSDP (verl's DataParallelPPOActor._optimizer_step, verl 0.6.0 and 0.7.1; verl 0.9.1's engine workers:
+  FSDPEngine.optimizer_step): the local shard of every parameter (an FSDP2 DTensor's to_local()), its gradient,
+  AdamW's exp_avg / exp_avg_sq.
   Megatron (verl's MegatronPPOActor: its actor_optimizer.step(), wrapped per actor): the parameters, which the
   DDP wrapper has made views of its contiguous param buffers when the distributed optimizer is on (so the
   buffers are counted, padding included), their main_grad views of the fp32 grad buffers, and per optimizer of a
   ChainedOptimizer (dense and expert-parallel) the fp32 main weights its inner torch optimizer steps (the
   distributed optimizer's shards) with their exp_avg / exp_avg_sq;
-- when a vLLM engine allocates its KV cache (vLLM 0.13's GPUModelRunner.initialize_kv_cache, which the CPU model
-  runner inherits), phase "generation": the engine's weights, the KV cache tensors and their block count.
+- when a vLLM engine allocates its KV cache (GPUModelRunner.initialize_kv_cache: vLLM 0.13's CPU model runner
+  inherits it, 0.23's overrides it and calls it through super()), phase "generation": the engine's weights, the KV
+  cache tensors and their block count (and whether it was vLLM 0.23's minimal cache for profiling).
 They are sums of tensor sizes (each storage once), the quantities ascend_rl/memory_plan.py plans: the plan made
 from the same launch settings must equal them (tests/launch/test_plan_memory.py, full tier). Beside them, for
 reading a disagreement: param_numel (the parameters' elements, no padding) and, for Megatron, main_params (the
@@ -26,6 +28,7 @@ from recipes_shm_record import append_json_line  # ascend_rl/shm_record/, beside
 ENV = "RECIPES_MEMORY_RECORD"
 _RECORD = os.environ.get(ENV)
 _ACTOR = "verl.workers.actor.dp_actor"
+_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _MEGATRON_ACTOR = "verl.workers.actor.megatron_actor"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 
@@ -67,15 +70,14 @@ def _write(event):
     append_json_line(_RECORD, event)
 
 
-def _patch_actor(module):
-    cls = getattr(module, "DataParallelPPOActor", None)
-    if cls is None or not hasattr(cls, "_optimizer_step"):
-        return
-    step = cls._optimizer_step
+def _patch_step(cls, method, model_of, optimizer_of):
+    """Wrap cls.<method> (an FSDP actor's optimizer step): the model's weights and gradients before it, the AdamW
+    states after it, one record per call."""
+    step = getattr(cls, method)
 
-    def _optimizer_step(self, *args, **kwargs):
+    def wrapped(self, *args, **kwargs):
         try:
-            params = list(self.actor_module.parameters())
+            params = list(model_of(self).parameters())
             before = {
                 "weights": _nbytes(params),
                 "gradients": _nbytes(p.grad for p in params),
@@ -86,13 +88,29 @@ def _patch_actor(module):
             before = {"error": repr(exc)}
         out = step(self, *args, **kwargs)
         try:
-            states = _adam_states([self.actor_optimizer])
+            states = _adam_states([optimizer_of(self)])
             _write({"phase": "actor update", **before, "optimizer_states": _nbytes(states)})
         except Exception as exc:  # noqa: BLE001
             _write({"phase": "actor update", "error": repr(exc)})
         return out
 
-    cls._optimizer_step = _optimizer_step
+    setattr(cls, method, wrapped)
+
+
+def _patch_actor(module):
+    """verl 0.6.0 / 0.7.1: DataParallelPPOActor._optimizer_step."""
+    cls = getattr(module, "DataParallelPPOActor", None)
+    if cls is not None and hasattr(cls, "_optimizer_step"):
+        _patch_step(cls, "_optimizer_step", lambda a: a.actor_module, lambda a: a.actor_optimizer)
+
+
+def _patch_engine(module):
+    """verl 0.9.1's engine workers: FSDPEngine.optimizer_step (workers/engine/fsdp/transformer_impl.py), which
+    BaseEngine.train_batch calls after the mini-batch's backward passes; the reference's engine (forward_only)
+    never steps."""
+    cls = getattr(module, "FSDPEngine", None)
+    if cls is not None and hasattr(cls, "optimizer_step"):
+        _patch_step(cls, "optimizer_step", lambda e: e.module, lambda e: e.optimizer)
 
 
 def _adam_states(optimizers):
@@ -164,6 +182,9 @@ def _patch_megatron_actor(module):
 
 
 def _patch_runner(module):
+    """GPUModelRunner.initialize_kv_cache (vllm/v1/worker/gpu_model_runner.py in vLLM 0.13 and 0.23): the CPU
+    model runner's KV cache goes through it (vLLM 0.23: CPUModelRunner.initialize_kv_cache calls super(), and the
+    CPU worker takes that V1 runner where there is no Triton: cpu_worker.py:150-159, config/vllm.py:527-531)."""
     cls = getattr(module, "GPUModelRunner", None)
     if cls is None or not hasattr(cls, "initialize_kv_cache"):
         return
@@ -191,6 +212,7 @@ def _patch_runner(module):
                     "num_blocks": int(kv_cache_config.num_blocks),
                     "block_size": int(self.cache_config.block_size),
                     "dtype": str(self.model_config.dtype),
+                    "profiling": bool(kwargs.get("is_profiling", args[0] if args else False)),
                 }
             )
         except Exception as exc:  # noqa: BLE001
@@ -202,6 +224,11 @@ def _patch_runner(module):
 
 if _RECORD:
     install(
-        {_ACTOR: _patch_actor, _MEGATRON_ACTOR: _patch_megatron_actor, _RUNNER: _patch_runner},
+        {
+            _ACTOR: _patch_actor,
+            _ENGINE: _patch_engine,
+            _MEGATRON_ACTOR: _patch_megatron_actor,
+            _RUNNER: _patch_runner,
+        },
         lambda module, exc: _write({"phase": "hook", "error": repr(exc)}),
     )
