@@ -10,8 +10,10 @@ The phases follow verl's colocated hybrid engine in the order one step runs them
 transitions included, so the peak names the phase it falls in and its largest term.
 
 What is exact and what is not (docs/memory_plan.md says more): weights, gradients, optimizer states and the
-reshard buffers are counts of tensor bytes; the KV cache is vLLM-Ascend 0.13.0's own rule (the die's memory
-times gpu_memory_utilization, less everything allocated on the die when the engine starts); activations are
+reshard buffers are counts of tensor bytes; the KV cache is the rule of the vLLM-Ascend the launch's verl base pins
+(0.13.0 on verl 0.6.0 / 0.7.1: the die's memory times gpu_memory_utilization, less everything allocated on the die
+when the engine starts; 0.23.0.post1 on verl 0.9.1: that share less the engine's own weights and profile peak only);
+verl 0.9.1's engine workers hold the reference on the host and stream offloaded actor weights to the sync; activations are
 an upper-bound estimate; the caching allocator's rounding, the CANN runtime and HCCL's buffers are left to the
 headroom (`headroom_bytes`).
 """
@@ -274,7 +276,8 @@ def total_params(s: Shapes) -> int:
 # ----------------------------------------------------------------------------- the launch settings
 
 # verl's defaults for the keys the plan reads when a launch does not set them (verl 0.6.0 / 0.7.1 config
-# yaml: rollout/rollout.yaml, engine/fsdp.yaml, engine/megatron.yaml; vLLM-Ascend 0.13.0 refresh_block_size).
+# yaml: rollout/rollout.yaml, engine/fsdp.yaml, engine/megatron.yaml; vLLM-Ascend 0.13.0 refresh_block_size, and
+# 0.23.0.post1's, utils.py:1380-1381 and :1402-1406, still 128); a base's own differences in BASE_DEFAULTS.
 DEFAULTS: dict[str, Any] = {
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 8,
@@ -330,6 +333,49 @@ ROLLOUT_DTYPE_BYTES = {
     "float": 4,
 }
 STRATEGY_OF_CONFIG = {"ppo_trainer": "fsdp", "ppo_megatron_trainer": "megatron"}
+# Where a base's config differs from DEFAULTS (verl 0.6.0's) for the keys the plan reads, by (major, minor): 0.7.1's
+# rollout.yaml and 0.9.1's _generated_ppo_trainer.yaml set the server-mode sync's bucket to 2048 MB (0.9.1: :372,
+# under rollout.checkpoint_engine, read into the plan's key below); 0.9.1 also runs the rollout in server mode by
+# default (:294 mode: async) and caps vLLM's batch at 256 sequences (:317 max_num_seqs).
+BASE_DEFAULTS: dict[tuple[int, int], dict[str, Any]] = {
+    (0, 7): {"actor_rollout_ref.rollout.update_weights_bucket_megabytes": 2048},
+    (0, 9): {
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes": 2048,
+        "actor_rollout_ref.rollout.mode": "async",
+        "actor_rollout_ref.rollout.max_num_seqs": 256,
+    },
+}
+# The vLLM-Ascend whose KV-cache rule the plan applies, by the verl base's (major, minor): each base's constraints
+# file pins it (constraints.txt: vllm-ascend==0.13.0; constraints-0.9.1.txt: vllm-ascend==0.23.0.post1).
+VLLM_ASCEND_OF_BASE = {(0, 9): "0.23.0.post1"}
+VLLM_ASCEND_DEFAULT = "0.13.0"
+
+
+def base_of(s: Mapping[str, Any]) -> tuple[int, int]:
+    """The launch's verl base as (major, minor) (settings' `_verl`, e.g. "0.9.1"); (0, 6) when it is not known."""
+    parts = str(s.get("_verl") or "").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 6
+
+
+def engine_workers(s: Mapping[str, Any]) -> bool:
+    """Whether the launch's FSDP actor runs in verl's engine workers (verl 0.9.1: main_ppo_v0.py:35-41 adds only
+    engine_workers.ActorRolloutRefWorker; 0.6.0 / 0.7.1's fsdp_workers with dp_actor are gone)."""
+    return base_of(s) >= (0, 9) and str(s["actor_rollout_ref.actor.strategy"]) in ("fsdp", "fsdp2")
+
+
+def vllm_ascend(s: Mapping[str, Any]) -> str:
+    """The vLLM-Ascend release the launch's base pins (its KV-cache rule is the plan's)."""
+    return VLLM_ASCEND_OF_BASE.get(base_of(s), VLLM_ASCEND_DEFAULT)
+
+
+def _with_base(out: dict[str, Any], version: str | None) -> dict[str, Any]:
+    """DEFAULTS with the base's own defaults over them (BASE_DEFAULTS), and the base named (`_verl`)."""
+    out["_verl"] = str(version or "")
+    out.update(BASE_DEFAULTS.get(base_of(out), {}))
+    return out
 
 
 def _value(raw: Any) -> Any:
@@ -352,19 +398,15 @@ def _value(raw: Any) -> Any:
 
 
 def settings_from_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a dry run's JSON plan (its final overrides), verl's defaults for the rest."""
-    out = dict(DEFAULTS)
+    """The settings of a dry run's JSON plan (its final overrides), its verl base's defaults for the rest."""
+    out = _with_base(dict(DEFAULTS), (plan.get("verl") or {}).get("version"))
     out["actor_rollout_ref.actor.strategy"] = STRATEGY_OF_CONFIG.get(plan.get("config_name", ""), "fsdp")
     for key, raw in (plan.get("overrides") or {}).items():
         if raw is not None:
             out[key.lstrip("+")] = _value(raw)
     bucket_key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
-    if bucket_key in out:  # verl 0.7.1's name of it
+    if bucket_key in out:  # verl 0.7.1's and 0.9.1's name of it
         out["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] = out.pop(bucket_key)
-    elif str((plan.get("verl") or {}).get("version") or "").startswith("0.7"):
-        out["actor_rollout_ref.rollout.update_weights_bucket_megabytes"] = (
-            2048  # 0.7.1's rollout.yaml default
-        )
     out["_recipe"] = plan.get("recipe")
     # vLLM's own switch (envs.VLLM_MLA_DISABLE: an integer), when the launch sets it (the DeepSeek CPU profile)
     mla_off = str((plan.get("env") or {}).get("VLLM_MLA_DISABLE") or "0").strip()
@@ -382,11 +424,11 @@ def settings_from_overrides(overrides: list[str], config_name: str = "ppo_traine
     return settings_from_plan({"config_name": config_name, "overrides": final})
 
 
-def settings_from_config(cfg, recipe: str | None = None) -> dict[str, Any]:
-    """The settings of a composed verl config (OmegaConf), as the preflight holds it."""
+def settings_from_config(cfg, recipe: str | None = None, verl: str | None = None) -> dict[str, Any]:
+    """The settings of a composed verl config (OmegaConf), as the preflight holds it; `verl`: the base's version."""
     from omegaconf import OmegaConf
 
-    out = dict(DEFAULTS)
+    out = _with_base(dict(DEFAULTS), verl)
     for key in [*DEFAULTS, "actor_rollout_ref.model.path"]:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not OmegaConf.is_config(value):
@@ -825,6 +867,16 @@ def _fsdp_state(s: Mapping[str, Any], sh: Shapes, lay: Layout) -> TrainingState:
         n_local = -(-total_params(sh) // lay.world)  # FSDP1's flat parameters, each padded to the world
         opt = 2 * param_b * n_local
         shard = f"FSDP over {lay.world}"
+    ref_w, ref_off = (
+        Term("reference weights", n_local * 2, f"bf16, {shard}"),
+        bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"]),
+    )
+    if engine_workers(s):
+        # verl 0.9.1's reference is an engine of its own with forward_only (_generated_ppo_trainer.yaml:258): FSDP2
+        # wraps it with CPUOffloadPolicy, FSDP1 with CPUOffload(offload_params=True) (engine/fsdp/
+        # transformer_impl.py:431-435, :459-463), whatever ref.fsdp_config.param_offload says: its shards stay on
+        # the host and each wrapped module is gathered onto the die for its forward only
+        ref_w, ref_off = _streamed_reference(sh), True
     return TrainingState(
         actor_w=Term(
             "actor weights", n_local * param_b, f"{n_local / 1e9:.3f}B params x {param_b} B, {shard}"
@@ -833,13 +885,35 @@ def _fsdp_state(s: Mapping[str, Any], sh: Shapes, lay: Layout) -> TrainingState:
         optim=Term(
             "optimizer states", _b(opt), f"AdamW m, v at the weights' dtype ({2 * param_b} B/param), {shard}"
         ),
-        ref_w=Term("reference weights", n_local * 2, f"bf16, {shard}"),
+        ref_w=ref_w,
         param_b=param_b,
         p_off=bool(s[f + "param_offload"]),
         g_off=False,  # FSDP's gradients are made by the backward pass and freed by zero_grad, never moved
         o_off=bool(s[f + "optimizer_offload"]),
-        ref_off=bool(s["actor_rollout_ref.ref.fsdp_config.param_offload"]),
+        ref_off=ref_off,
         rank_terms=rank_terms,
+    )
+
+
+def _streamed_reference(sh: Shapes) -> Term:
+    """Estimate: what a host-offloaded FSDP reference (verl 0.9.1's forward-only engine) holds on the die in its
+    forward: the root module's parameters (embedding, final norm, LM head), which FSDP2 keeps gathered through the
+    forward (verl's apply_fsdp2 does not reshard the root, utils/fsdp_utils.py:600), and two decoder layers gathered
+    at once (the one running and the next, prefetched), each whole, in bf16 (the mixed-precision param_dtype)."""
+    n = sh.spec.num_layers
+    root = sum(numel(p.shape) for p in sh.spec.dense_params if p.layer < 0 or p.layer >= n)
+    layers: dict[int, int] = {}
+    for p in sh.spec.dense_params:
+        if 0 <= p.layer < n:
+            layers[p.layer] = layers.get(p.layer, 0) + numel(p.shape)
+    experts = sh.spec.num_experts * sum(numel(e.shape) for e in sh.spec.expert_params)
+    biggest = max((v + (experts if i in sh.spec.moe_layers else 0) for i, v in layers.items()), default=0)
+    return Term(
+        "reference weights",
+        (root + 2 * biggest) * 2,
+        "estimate: offloaded to the host (forward-only engine); in its forward the root module's weights and two "
+        "decoder layers', gathered whole, bf16",
+        estimate=True,
     )
 
 
@@ -858,8 +932,10 @@ class RolloutTerms:
 def _rollout_terms(
     s: Mapping[str, Any], sh: Shapes, lay: Layout, die: Die, state: TrainingState
 ) -> RolloutTerms:
-    """vLLM-Ascend 0.13.0's rule (NPUWorker.determine_available_memory): the die's memory x utilisation, less the
-    profile run's peak and everything else allocated on the die (other processes' too) when the engine starts."""
+    """The KV cache by the rule of the vLLM-Ascend the base pins (vllm_ascend()), NPUWorker.determine_available_memory:
+    0.13.0: the die's memory x utilisation, less the profile run's peak and everything else allocated on the die
+    (other processes' too) when the engine starts; 0.23.0.post1: the die's memory x utilisation less the engine's own
+    weights and profile peak, and the engine refuses to start unless that share of the die is free then."""
     r = "actor_rollout_ref.rollout."
     roll_bytes = ROLLOUT_DTYPE_BYTES.get(str(s[r + "dtype"]), 2)
     roll_w = _rollout_weights(sh, lay, roll_bytes)
@@ -881,20 +957,42 @@ def _rollout_terms(
     at_start = [state.actor_w] if not state.p_off else []
     if not state.ref_off:
         at_start.append(state.ref_w)
-    kv = max(0, _b(die.memory * util) - roll_w - act.nbytes - sum(t.nbytes for t in at_start))
+    held = sum(t.nbytes for t in at_start)
+    share = _b(die.memory * util)
+    if vllm_ascend(s) == "0.23.0.post1":
+        # vllm_ascend/worker/worker.py (0.23.0.post1 sdist): init_device takes a snapshot of the die and asks for
+        # total x gpu_memory_utilization (:465-469), refusing to start when less is free (:470-480);
+        # determine_available_memory gives the KV cache that request less the weights, the profile run's torch peak
+        # and the non-torch increase since the snapshot (:557-574, :590), vLLM 0.23's memory_profiling
+        # (vllm/utils/mem_utils.py:243-274): what other processes held at the snapshot is not subtracted
+        kv = max(0, share - roll_w - act.nbytes)
+        less = "the engine's weights and profile peak"
+        # (its start-up check needs no term of its own: what the die holds at the start plus the engine's share is
+        # in the generation phase, so a start it would refuse is a peak over the die)
+        rule = f"vLLM-Ascend 0.23.0.post1 (which needs {util:g} x the die free at engine start)"
+    else:
+        # vllm_ascend/worker/worker.py (0.13.0 wheel) :269-311: total x utilisation less the torch peak of the
+        # profile run plus every non-torch allocation on the die (mem_get_info's used less torch's), other
+        # processes' included
+        kv = max(0, share - roll_w - act.nbytes - held)
+        less = (
+            "the engine's weights, profile peak and "
+            f"{' + '.join(t.name for t in at_start) or 'nothing else'} at engine start"
+        )
+        rule = "vLLM-Ascend 0.13.0"
     if s.get("_vllm_mla_disable") and sh.kv_unabsorbed_bytes_per_token_layer:
         kv_token = sh.kv_unabsorbed_bytes_per_token_layer * roll_bytes // 2 // lay.rollout_tp
     else:
         kv_token = (
             sh.kv_bytes_per_token_layer * roll_bytes // 2 // (lay.rollout_tp if sh.kv_split_by_tp else 1)
         )
+    # vLLM 0.23: kv_cache_utils.get_num_blocks (v1/core/kv_cache_utils.py:967) floors bytes / page / layers, as 0.13
     block = int(s[r + "block_size"])
     blocks = kv // (block * kv_token * sh.spec.num_layers) if kv_token else 0
     kv_t = Term(
         "KV cache",
         kv,
-        f"{util:g} x {die.memory / GIB:.0f} GiB less the engine's weights, profile peak and "
-        f"{' + '.join(t.name for t in at_start) or 'nothing else'} at engine start: {blocks} blocks of {block} "
+        f"{rule}: {util:g} x {die.memory / GIB:.0f} GiB less {less}: {blocks} blocks of {block} "
         f"tokens ({kv_token * sh.spec.num_layers} B/token) = {blocks * block} tokens",
     )
     return RolloutTerms(weights, act, kv_t, kv_token, blocks, block)
@@ -996,12 +1094,16 @@ def _reshard_terms(
         n_big = numel(big.shape)
         gather = n_big * param_b if lay.world > 1 else 0  # FSDP's full_tensor of the sharded weight
         cast = n_big * 2 if param_b != 2 else 0  # its bf16 copy for the engine
-        if gather + cast:
+        # the engine's FSDP2 export with the weights offloaded: the tensor's shard copied onto the die first
+        staged = -(-n_big // lay.world) * param_b if _streamed_sync(s) else 0
+        if gather + cast + staged:
             reshard.append(
                 Term(
                     "reshard buffer, dense",
-                    gather + cast,
-                    f"full {big.name}: gathered at {param_b} B and cast to bf16",
+                    gather + cast + staged,
+                    f"full {big.name}: "
+                    + ("its shard copied from the host, " if staged else "")
+                    + f"gathered at {param_b} B and cast to bf16",
                 )
             )
     bucket = int(s[r + "update_weights_bucket_megabytes"]) * MIB
@@ -1014,6 +1116,17 @@ def _reshard_terms(
             )
         )
     return reshard
+
+
+def _streamed_sync(s: Mapping[str, Any]) -> bool:
+    """Whether the weight sync leaves offloaded actor weights on the host and moves one tensor at a time: verl
+    0.9.1's FSDP engine on FSDP2 without LoRA skips loading the whole model (engine/fsdp/transformer_impl.py:988-991)
+    and copies each parameter's shard onto the die as the sync consumes it (:1027-1033)."""
+    return (
+        engine_workers(s)
+        and str(s["actor_rollout_ref.actor.strategy"]) == "fsdp2"
+        and bool(s["actor_rollout_ref.actor.fsdp_config.param_offload"])
+    )
 
 
 def _phases(
@@ -1041,6 +1154,7 @@ def _phases(
         "" if rollout_released else " (sleep mode left the rollout's weights and KV cache on the die)"
     )
     recompute = bool(s["actor_rollout_ref.actor.recompute_old_log_prob"])
+    streamed = _streamed_sync(s)
     phases = [
         Phase(
             "generation",
@@ -1116,22 +1230,26 @@ def _phases(
         Phase(
             "weight sync and reshard",
             [
-                actor_w,
+                *([] if streamed else [actor_w]),
                 rollout_w,
                 *reshard,
                 *([kv_t] if not rollout_released else []),
                 *opt_resident,
                 *ref_resident,
             ],
-            moved=(roll_w if rollout_released else 0) + (actor_w.nbytes if p_off and not explicit else 0),
-            note="rollout weights onloaded, actor weights exported into them",
+            moved=(roll_w if rollout_released else 0)
+            + (actor_w.nbytes if p_off and not explicit and not streamed else 0),
+            note="rollout weights onloaded, actor weights exported into them"
+            + (", one tensor at a time from the host" if streamed else ""),
         ),
         Phase(
             "onload KV cache",
             [rollout_w, kv_t, *actor_resident_gen, *opt_resident, *ref_resident],
             "transition",
-            moved=actor_w.nbytes if p_off else 0,
-            note="actor weights offloaded, then the KV cache allocated" if p_off else "KV cache allocated",
+            moved=actor_w.nbytes if p_off and not streamed else 0,
+            note="actor weights offloaded, then the KV cache allocated"
+            if p_off and not streamed
+            else "KV cache allocated",
         ),
     ]
     return phases
@@ -1181,6 +1299,9 @@ def plan(
     roll = _rollout_terms(s, sh, lay, die, state)
     facts.append(
         ("KV cache", f"{roll.kv.nbytes / GIB:.2f} GiB = {roll.blocks} blocks of {roll.block} tokens")
+    )
+    facts.append(
+        ("KV rule", f"vLLM-Ascend {vllm_ascend(s)}'s (verl base {s.get('_verl') or '0.6.0 / 0.7.1'})")
     )
     train_act, fwd_act = _activation_terms(s, sh, lay, stage, train_layout)
     reshard = _reshard_terms(s, sh, lay, train_layout, state.param_b, roll.weights.nbytes, facts)

@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
     ):  # sizes that do not divide the devices cannot be planned (they divide by zero)
         memory, memory_plan = Check("memory", "skipped", "not planned: the layout above does not fit"), None
     else:
-        memory, memory_plan = check_memory(cfg, launch.name, args.cpu)
+        memory, memory_plan = check_memory(cfg, launch.name, args.cpu, launch.base)
     checks.append(memory)
     if args.cpu:
         checks.append(check_cpu_runtime(launch.base, REPO / launch.recipe.constraints))

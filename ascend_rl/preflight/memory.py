@@ -14,14 +14,15 @@ from ascend_rl.preflight.report import Check
 MEMORY_OVERRIDE = "RECIPES_MEMORY_PLAN"
 
 
-def check_memory(cfg, recipe: str, cpu: bool = False):
+def check_memory(cfg, recipe: str, cpu: bool = False, base: str | None = None):
     """(Check, plan or None): the per-die memory plan of the launch's GRPO step against its die, less the
-    headroom (ascend_rl/memory_plan.py). The CPU profile has no die: it is not planned (its memory is the host's)."""
+    headroom (ascend_rl/memory_plan.py), on its verl base (`base`: its version; the workers and the KV-cache rule
+    differ by base). The CPU profile has no die: it is not planned (its memory is the host's)."""
     device = OmegaConf.select(cfg, "trainer.device", default=None)
     if cpu or device != "npu":
         return Check("memory", "skipped", f"trainer.device={device}: no NPU die to plan against"), None
     try:
-        plan = memory_plan.plan_launch(memory_plan.settings_from_config(cfg, recipe))
+        plan = memory_plan.plan_launch(memory_plan.settings_from_config(cfg, recipe, base))
     except (ValueError, KeyError, IndexError, OSError, ArithmeticError) as exc:
         # a layout the other checks refuse (NNODES that does not divide the devices) cannot be planned either
         return Check("memory", "skipped", f"not planned: {type(exc).__name__}: {exc}"), None

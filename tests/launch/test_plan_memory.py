@@ -313,8 +313,90 @@ def test_the_memory_refusal_becomes_a_warning_only_when_the_user_says_so(tmp_pat
     )
 
 
-def test_the_qwen_default_fits_an_a2_card():
-    """The single-card launcher's settings (run_qwen2_5_1_5b.sh with NPUS=1, verl 0.7.1's server mode)."""
+def _plan_json(version: str, **overrides: str) -> dict:
+    return {
+        "recipe": "qwen2_5",
+        "config_name": "ppo_trainer",
+        "verl": {"version": version},
+        "overrides": overrides,
+    }
+
+
+def test_a_0_9_1_launch_reads_its_base_defaults_and_the_checkpoint_engines_bucket():
+    """verl 0.9.1's config: the sync's bucket under rollout.checkpoint_engine (2048 MB by default), server-mode
+    rollout and 256 sequences by default; its FSDP actor runs in the engine workers, its KV cache by vLLM-Ascend
+    0.23's rule. 0.7.1 keeps vLLM-Ascend 0.13's and the worker path it had."""
+    r = "actor_rollout_ref.rollout."
+    s = mp.settings_from_plan(_plan_json("0.9.1"))
+    assert (s[r + "update_weights_bucket_megabytes"], s[r + "mode"], s[r + "max_num_seqs"]) == (
+        2048,
+        "async",
+        256,
+    )
+    assert mp.engine_workers(s) and mp.vllm_ascend(s) == "0.23.0.post1"
+    s = mp.settings_from_plan(
+        _plan_json("0.9.1", **{r + "checkpoint_engine.update_weights_bucket_megabytes": "512"})
+    )
+    assert s[r + "update_weights_bucket_megabytes"] == 512
+    old = mp.settings_from_plan(_plan_json("0.7.1"))
+    assert (old[r + "update_weights_bucket_megabytes"], old[r + "max_num_seqs"]) == (2048, 1024)
+    assert not mp.engine_workers(old) and mp.vllm_ascend(old) == "0.13.0"
+    assert mp.vllm_ascend(mp.settings_from_plan({"overrides": {}})) == "0.13.0"  # no base named: 0.6.0's
+    # the preflight's composed config, on the base it is handed
+    cfg = _cfg(_fsdp(), "/nowhere")
+    assert mp.engine_workers(mp.settings_from_config(cfg, "qwen2_5", "0.9.1"))
+    assert not mp.engine_workers(mp.settings_from_config(cfg, "qwen2_5", "0.7.1"))
+    megatron = mp.settings_from_plan({"config_name": "ppo_megatron_trainer", "verl": {"version": "0.9.1"}})
+    assert not mp.engine_workers(megatron)  # the FSDP engine's layout only
+
+
+def test_on_0_9_1_the_kv_cache_leaves_out_the_actor_and_the_reference_stays_on_the_host():
+    """vLLM-Ascend 0.23's rule: the share of the die less the engine's own weights and profile peak, whatever the
+    actor holds when the engine starts (0.13's subtracts it); the forward-only reference engine is host-offloaded
+    even with ref param_offload=False, only its root module and two layers on the die in its forward."""
+    kw = {"actor_rollout_ref.ref.fsdp_config.param_offload": False}
+    old = mp.plan(_fsdp(_verl="0.7.1", **kw), TINY_QWEN, DIE)
+    new = mp.plan(_fsdp(_verl="0.9.1", **kw), TINY_QWEN, DIE)
+    per_die = TINY_QWEN_PARAMS // 2
+    profile = 16 * (8 * 8 + 3 * 16) * 2 + 4 * 32 * 4
+    gen_old, gen_new = _terms(_phase(old, "generation")), _terms(_phase(new, "generation"))
+    assert gen_new["KV cache"] == 2**19 - TINY_QWEN_VLLM * 2 - profile
+    # 0.13: less the fp32 actor shard and the bf16 reference shard on the die at the engine's start
+    assert gen_old["KV cache"] == gen_new["KV cache"] - per_die * 4 - per_die * 2
+    assert "reference weights" in gen_old and "reference weights" not in gen_new
+    # the reference's forward: the root (embedding 32 x 8, final norm 8) and two layers of 608, whole, bf16
+    ref = next(t for t in _phase(new, "reference forward").terms if t.name == "reference weights")
+    assert ref.nbytes == (256 + 8 + 2 * 608) * 2 and ref.estimate
+    assert "vLLM-Ascend 0.23.0.post1" in dict(new.facts)["KV rule"]
+    # the measured terms are the same layout on both bases
+    assert mp.measured_terms(new) == mp.measured_terms(old)
+
+
+def test_on_0_9_1_offloaded_fsdp2_weights_stream_to_the_sync():
+    """The FSDP engine's FSDP2 export leaves offloaded actor weights on the host and copies each tensor's shard to
+    the die as the sync takes it; 0.7.1 onloads them for the sync and offloads them before the KV cache."""
+    kw = {
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+    }
+    new = mp.plan(_fsdp(_verl="0.9.1", **kw), TINY_QWEN, DIE)
+    old = mp.plan(_fsdp(_verl="0.7.1", **kw), TINY_QWEN, DIE)
+    sync_new = _terms(_phase(new, "weight sync and reshard"))
+    sync_old = _terms(_phase(old, "weight sync and reshard"))
+    assert "actor weights" not in sync_new and "actor weights" in sync_old
+    # the largest tensor, the 32 x 8 embedding: its shard of 16 rows copied from the host (fp32), gathered, bf16 copy
+    assert sync_new["reshard buffer, dense"] == 16 * 8 * 4 + 256 * 4 + 256 * 2
+    assert sync_old["reshard buffer, dense"] == 256 * 4 + 256 * 2
+    assert _phase(new, "onload KV cache").moved == 0
+    assert _phase(old, "onload KV cache").moved == sync_old["actor weights"]
+    # without the offload the weights stay on the die on both
+    kept = mp.plan(_fsdp(_verl="0.9.1", **{"actor_rollout_ref.actor.strategy": "fsdp2"}), TINY_QWEN, DIE)
+    assert "actor weights" in _terms(_phase(kept, "weight sync and reshard"))
+
+
+def test_the_qwen_default_fits_an_a2_card_on_0_7_1_and_not_on_0_9_1():
+    """The single-card launcher's settings (run_qwen2_5_1_5b.sh with NPUS=1, verl 0.7.1's server mode), and the
+    same on verl 0.9.1."""
     plan_json = {
         "recipe": "qwen2_5",
         "config_name": "ppo_trainer",
@@ -344,6 +426,13 @@ def test_the_qwen_default_fits_an_a2_card():
     params = mp.total_params(mp.shapes(mp.KNOWN_MODELS["qwen2.5-1.5b"][0]))
     assert plan.peak.name == "generation"
     assert plan.peak.total == round(0.8 * 64 * mp.GIB) + 8 * params
+    # the same launch on 0.9.1: vLLM-Ascend 0.23 sizes the KV cache from its whole share, beside the actor's fp32
+    # weights already on the die, and Adam's states come after: it does not fit
+    plan_json["verl"]["version"] = "0.9.1"
+    plan = mp.plan_launch(mp.settings_from_plan(plan_json))
+    assert plan.peak.name == "generation"
+    assert plan.peak.total == round(0.8 * 64 * mp.GIB) + 4 * params + 8 * params
+    assert plan.refusal() is not None and "KV cache" in plan.refusal()
 
 
 def test_the_cli_reads_a_plan_from_stdin_and_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
