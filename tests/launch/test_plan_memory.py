@@ -564,12 +564,15 @@ MEASURED_RUNS = {
     "qwen-v071": (QWEN_SINGLE, "0.7.1", {}),
     # FSDP2 over 2 ranks: each parameter's dim 0 split, one vLLM server per rank
     "qwen-2r-v071": (QWEN_RANKS, "0.7.1", {"NPUS": "2", "RAY_DEDUP_LOGS": "0"}),
+    # verl 0.9.1's engine workers (the FSDP2 engine), vLLM 0.23.0's CPU build: one rank and 2
+    "qwen-v091": (QWEN_SINGLE, "0.9.1", {}),
+    "qwen-2r-v091": (QWEN_RANKS, "0.9.1", {"NPUS": "2", "RAY_DEDUP_LOGS": "0"}),
     # verl's Megatron actor on 2 ranks, EP=2: dense weights data-parallel, the experts split; the distributed
     # optimizer's dense part over DP 2, its expert part over expert-DP 1
     "deepseek-v060": (DEEPSEEK, "0.6.0", {}),
     "deepseek-v071": (DEEPSEEK, "0.7.1", {}),
 }
-MEASURED_RANKS = {"qwen-2r-v071": 2, "deepseek-v060": 2, "deepseek-v071": 2}
+MEASURED_RANKS = {"qwen-2r-v071": 2, "qwen-2r-v091": 2, "deepseek-v060": 2, "deepseek-v071": 2}
 
 DRIVER = """
 import json, subprocess, sys
@@ -599,15 +602,20 @@ print(json.dumps({"model": str(model_dir)}))
 
 @pytest.mark.full
 @pytest.mark.parametrize("run", list(MEASURED_RUNS))
-def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path, run):
+def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path, run, request):
     """A launcher's CPU profile, one step with hooks/recipes_memory_record.py on: every rank's optimizer step (its
     actor weights, gradients and optimizer states) and every vLLM engine (its weights, its KV cache per token) equal
     the plan made from the same launch's dry-run JSON, that rank's figures where the plan has them per rank."""
     import subprocess
 
+    from ascend_rl.harness.launch import BASE_ENVS
     from ascend_rl.paths import REPO, child_env
 
     launcher, base, extra = MEASURED_RUNS[run]
+    if base in BASE_ENVS:
+        # the driver runs in the e2e environment, as the harness does (it makes the inputs); the launcher in the
+        # base's own (.venv-e2e-091 for 0.9.1: its fixture builds it), which the harness hands it (launch.BASE_ENVS)
+        request.getfixturevalue("e2e_python_091")
     proc = subprocess.run(
         [str(e2e_python), "-c", DRIVER, str(tmp_path), run, str(launcher), base, json.dumps(extra)],
         cwd=REPO,
