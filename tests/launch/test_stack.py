@@ -477,6 +477,33 @@ def test_container_launcher_dry_run_has_the_seeds_mounts():
         assert flag in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "base,lock", [("0.7.1", "requirements-e2e.lock"), ("0.9.1", "requirements-e2e-091.lock")]
+)
+def test_each_e2e_environment_is_installed_under_its_lock_and_named_by_it(tmp_path, base, lock):
+    """setup_e2e.sh --base B installs with -c LOCK and hashes LOCK into the environment's folder name, so a changed
+    lock builds a new environment instead of reusing one built from the old pins."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "ascend_rl").mkdir()
+    shutil.copy(REPO / "scripts" / "setup_e2e.sh", tmp_path / "scripts")
+    shutil.copy(REPO / "ascend_rl" / "artifacts.py", tmp_path / "ascend_rl")
+    for path in [*REPO.glob("requirements-e2e*"), *REPO.glob("constraints*.txt")]:
+        shutil.copy(path, tmp_path)
+
+    def venv() -> str:
+        run = ["bash", str(tmp_path / "scripts" / "setup_e2e.sh"), "--base", base, "--print"]
+        proc = subprocess.run(run, capture_output=True, text=True, env=dict(os.environ, RECIPES_CACHE="/c"))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    before = venv()
+    text = (tmp_path / lock).read_text()
+    (tmp_path / lock).write_text(text.replace("\nattrs==", "\nattrs==0.0.1\n# was attrs==", 1))
+    assert venv() != before, f"{lock} is not part of the {base} environment's identity"
+    script = (REPO / "scripts" / "setup_e2e.sh").read_text()
+    assert f"-c {lock})" in script, f"setup_e2e.sh does not install the {base} environment under {lock}"
+
+
 SHELL_SCRIPTS = [p for p in _repo_files() if p.suffix == ".sh"]
 
 
