@@ -284,6 +284,19 @@ def test_installer_pins_each_base_with_its_own_constraints():
         pins = [c for c in cmds if "pip install" in c and "-e " not in c]
         assert pins and all(f"-c {constraints} " in c for c in pins), (base, pins)
         assert cmds[-1].endswith(f"stack --constraints {constraints} --recipe qwen2_5"), cmds[-1]
+        assert all(
+            f"overlay {step} qwen2_5 --base {base} " in cmds[i] for i, step in enumerate(("fetch", "apply"))
+        )
+        # 0.9.1's triton-ascend (pinned there only) replaces any triton, after vllm-ascend, as vllm-ascend's image does
+        triton = [i for i, c in enumerate(cmds) if "triton" in c]
+        if base == "0.9.1":
+            ascend = next(i for i, c in enumerate(cmds) if c.endswith(" vllm-ascend"))
+            assert [cmds[i].split(" pip ")[-1] for i in triton] == [
+                "uninstall -y triton triton-ascend",
+                f"install --disable-pip-version-check -c {constraints} triton-ascend",
+            ] and triton[0] == ascend + 1, cmds
+        else:
+            assert triton == [], cmds
 
 
 def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
@@ -454,6 +467,12 @@ def test_dockerfiles_install_from_constraints_on_the_cann_base():
         assert f"scripts/install_npu_stack.sh --recipe {recipe}" in text
         assert "COPY constraints.txt" in text
         assert (REPO / "docker" / f"Dockerfile.{recipe}.dockerignore").is_file()
+        # every base's constraints file is in the image (the installer reads the one its base resolves to)
+        copied = {word for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE) for word in line.split()}
+        bases = manifest.load_recipe(recipe).bases
+        assert {check_stack.base_constraints(recipe, base).name for base in bases} <= copied, copied
+        # and no version: a pin would bypass the constraints files (written twice, or drifted from them)
+        assert not re.search(r"[\w\]]\s*(?:==|~=|>=)\s*v?\d", text), re.search(r"\S+\s*==\S*", text)
 
 
 def test_container_launcher_dry_run_has_the_seeds_mounts():
