@@ -4,7 +4,8 @@
 #      resolved under the base's constraints file, and tensorboard (the launchers' default logger);
 #   2. the pins, one group at a time: torch, torch_npu, torchvision, transformers, ray, sympy,
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
-#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version the constraints pin;
+#   3. vllm, then vllm-ascend; vllm brings uvloop back at the version the constraints pin; where the constraints
+#      pin triton-ascend (verl 0.9.1), triton-ascend again in place of any triton;
 #   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
 #      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
@@ -75,6 +76,13 @@ pip_c compressed-tensors
 # pin refuses, and pip does not fall back to the sdist by itself (ResolutionImpossible).
 run env VLLM_TARGET_DEVICE=empty "$PYTHON" -m pip install --disable-pip-version-check -c "$C" --no-binary vllm vllm
 pip_c vllm-ascend
+# A stack that pins triton-ascend (constraints-0.9.1.txt: vllm-ascend 0.23 runs kernels on it) keeps it the only
+# `triton`: vllm-ascend's Dockerfile removes the triton vLLM brings on x86 (:51-53), then triton and triton-ascend,
+# and reinstalls triton-ascend (:70-71).
+if grep -q '^triton-ascend==' "$C"; then
+  run "$PYTHON" -m pip uninstall -y triton triton-ascend
+  pip_c triton-ascend
+fi
 
 # The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
 # deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check

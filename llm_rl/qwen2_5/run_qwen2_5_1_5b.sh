@@ -77,7 +77,8 @@ case "$PROFILE" in
 esac
 
 # The environment of cann-recipes-train's guide (vLLM V1 engine, no FRACTAL_NZ weights, allocator split size).
-export VLLM_USE_V1=1
+# VLLM_USE_V1 only for vLLM 0.13 (the 0.6.0 and 0.7.1 bases): vLLM 0.23 (0.9.1) has no such variable, V1 is its engine.
+case "$VERL_BASE" in 0.6.0|0.7.1) export VLLM_USE_V1=1; LAUNCH_ENV+=(VLLM_USE_V1) ;; esac
 export VLLM_ASCEND_ENABLE_NZ=0
 export PYTORCH_NPU_ALLOC_CONF="${PYTORCH_NPU_ALLOC_CONF:-max_split_size_mb:512}"
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-max_split_size_mb:512}"
@@ -108,7 +109,7 @@ export WANDB_DIR="${WANDB_DIR:-$LOG_DIR}"
 export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer, named for the dry run's plan (with their values); PYTHONPATH
 # is set just before the trainer starts.
-LAUNCH_ENV+=(VLLM_USE_V1 VLLM_ASCEND_ENABLE_NZ PYTORCH_NPU_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS
+LAUNCH_ENV+=(VLLM_ASCEND_ENABLE_NZ PYTORCH_NPU_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF OMP_NUM_THREADS
   HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT HCCL_HOST_SOCKET_PORT_RANGE HCCL_NPU_SOCKET_PORT_RANGE
   ASCEND_GLOBAL_LOG_LEVEL ASCEND_RT_VISIBLE_DEVICES TENSORBOARD_DIR SWANLAB_LOG_DIR MLFLOW_TRACKING_URI WANDB_DIR
   VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: set by a real launch only (/dev/shm record, below)

@@ -87,6 +87,7 @@ def test_the_0_7_1_base_launches_its_server_mode_rollout_and_cpu_additions(tmp_p
     npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
     assert npu["overrides"]["actor_rollout_ref.rollout.mode"] == "async"
     assert "reward.num_workers" not in npu["overrides"] and "RAY_num_workers_soft_limit" not in npu["env"]
+    assert npu["env"]["VLLM_USE_V1"] == plan["env"]["VLLM_USE_V1"] == "1"  # vLLM 0.13 still reads it
 
 
 def test_the_deepseek_launcher_on_0_7_1_takes_the_server_mode_rollout_and_its_ports(
@@ -145,6 +146,8 @@ def test_the_0_9_1_base_launches_on_the_cpu_platform_its_overlay_installs(tmp_pa
     assert plan["env"]["VERL_ENGINE_DEVICE"] == "cuda"
     npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
     assert npu["overrides"]["trainer.use_v1"] == "False"
+    # vLLM 0.23 has no VLLM_USE_V1 (tests/patches/test_contract_091.py): the launcher does not carry it here
+    assert "VLLM_USE_V1" not in npu["env"] and "VLLM_USE_V1" not in plan["env"]
     assert (
         "VERL_PLATFORM" not in npu["env"]
         and "actor_rollout_ref.rollout.enable_sleep_mode" not in npu["overrides"]

@@ -284,6 +284,19 @@ def test_installer_pins_each_base_with_its_own_constraints():
         pins = [c for c in cmds if "pip install" in c and "-e " not in c]
         assert pins and all(f"-c {constraints} " in c for c in pins), (base, pins)
         assert cmds[-1].endswith(f"stack --constraints {constraints} --recipe qwen2_5"), cmds[-1]
+        assert all(
+            f"overlay {step} qwen2_5 --base {base} " in cmds[i] for i, step in enumerate(("fetch", "apply"))
+        )
+        # 0.9.1's triton-ascend (pinned there only) replaces any triton, after vllm-ascend, as vllm-ascend's image does
+        triton = [i for i, c in enumerate(cmds) if "triton" in c]
+        if base == "0.9.1":
+            ascend = next(i for i, c in enumerate(cmds) if c.endswith(" vllm-ascend"))
+            assert [cmds[i].split(" pip ")[-1] for i in triton] == [
+                "uninstall -y triton triton-ascend",
+                f"install --disable-pip-version-check -c {constraints} triton-ascend",
+            ] and triton[0] == ascend + 1, cmds
+        else:
+            assert triton == [], cmds
 
 
 def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
@@ -454,6 +467,12 @@ def test_dockerfiles_install_from_constraints_on_the_cann_base():
         assert f"scripts/install_npu_stack.sh --recipe {recipe}" in text
         assert "COPY constraints.txt" in text
         assert (REPO / "docker" / f"Dockerfile.{recipe}.dockerignore").is_file()
+        # every base's constraints file is in the image (the installer reads the one its base resolves to)
+        copied = {word for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE) for word in line.split()}
+        bases = manifest.load_recipe(recipe).bases
+        assert {check_stack.base_constraints(recipe, base).name for base in bases} <= copied, copied
+        # and no version: a pin would bypass the constraints files (written twice, or drifted from them)
+        assert not re.search(r"[\w\]]\s*(?:==|~=|>=)\s*v?\d", text), re.search(r"\S+\s*==\S*", text)
 
 
 def test_container_launcher_dry_run_has_the_seeds_mounts():
@@ -475,6 +494,33 @@ def test_container_launcher_dry_run_has_the_seeds_mounts():
         f"-v {REPO}:/workspace",
     ):
         assert flag in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "base,lock", [("0.7.1", "requirements-e2e.lock"), ("0.9.1", "requirements-e2e-091.lock")]
+)
+def test_each_e2e_environment_is_installed_under_its_lock_and_named_by_it(tmp_path, base, lock):
+    """setup_e2e.sh --base B installs with -c LOCK and hashes LOCK into the environment's folder name, so a changed
+    lock builds a new environment instead of reusing one built from the old pins."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "ascend_rl").mkdir()
+    shutil.copy(REPO / "scripts" / "setup_e2e.sh", tmp_path / "scripts")
+    shutil.copy(REPO / "ascend_rl" / "artifacts.py", tmp_path / "ascend_rl")
+    for path in [*REPO.glob("requirements-e2e*"), *REPO.glob("constraints*.txt")]:
+        shutil.copy(path, tmp_path)
+
+    def venv() -> str:
+        run = ["bash", str(tmp_path / "scripts" / "setup_e2e.sh"), "--base", base, "--print"]
+        proc = subprocess.run(run, capture_output=True, text=True, env=dict(os.environ, RECIPES_CACHE="/c"))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    before = venv()
+    text = (tmp_path / lock).read_text()
+    (tmp_path / lock).write_text(text.replace("\nattrs==", "\nattrs==0.0.1\n# was attrs==", 1))
+    assert venv() != before, f"{lock} is not part of the {base} environment's identity"
+    script = (REPO / "scripts" / "setup_e2e.sh").read_text()
+    assert f"-c {lock})" in script, f"setup_e2e.sh does not install the {base} environment under {lock}"
 
 
 SHELL_SCRIPTS = [p for p in _repo_files() if p.suffix == ".sh"]

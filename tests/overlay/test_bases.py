@@ -209,6 +209,15 @@ def test_each_dockerfile_builds_the_recipes_default_base_on_its_image() -> None:
         assert spec.image and args["BASE_IMAGE"] == spec.image, f"Dockerfile.{name}: {args['BASE_IMAGE']}"
         for other in manifest.recipe_bases(name):
             assert other.image and other.image_source, f"{name} base {other.version} names no image"
+        # each other base's build line in the header: its VERL_BASE with the image recipe.toml names for it
+        builds = re.findall(
+            r"--build-arg VERL_BASE=(\S+) \\\n#\s+--build-arg BASE_IMAGE=(\S+)", text, re.MULTILINE
+        )
+        images = {spec.version: spec.image for spec in manifest.recipe_bases(name)}
+        for base, image in builds:
+            assert images.get(base) == image, f"Dockerfile.{name} builds verl {base} on {image}"
+        if name == "qwen2_5":  # it documents every base (issue 45: 0.9.1 on CANN 9.1.0)
+            assert {base for base, _ in builds} | {spec.default} == set(images), builds
 
 
 def test_the_known_trees_file_is_current() -> None:

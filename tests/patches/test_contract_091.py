@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import email
 import re
+import subprocess
 import tarfile
 import zipfile
 from functools import cache
@@ -198,10 +199,16 @@ def test_the_engine_shutdown_shared_0014_calls_exists_on_vllm_and_vllm_ascend_0_
 
 @pytest.mark.slow
 def test_the_launchers_vllm_environment_on_0_23(vllm_091, ascend_091):
-    """The Qwen launcher exports VLLM_ASCEND_ENABLE_NZ=0 (vllm-ascend 0.23.0.post1 still reads it, default 1) and
-    VLLM_USE_V1=1, which vLLM 0.23.0 no longer has (V1 is its only engine): inert on this base."""
+    """The Qwen launcher exports VLLM_ASCEND_ENABLE_NZ=0 (vllm-ascend 0.23.0.post1 still reads it, default 1) on every
+    base, and VLLM_USE_V1=1 only on the vLLM 0.13 bases: vLLM 0.23.0 no longer has it (V1 is its only engine)."""
     launcher = (Path(__file__).resolve().parents[2] / "llm_rl/qwen2_5/run_qwen2_5_1_5b.sh").read_text()
-    assert "export VLLM_ASCEND_ENABLE_NZ=0" in launcher and "VLLM_USE_V1" in launcher
+    assert "export VLLM_ASCEND_ENABLE_NZ=0" in launcher
     envs = _member(ascend_091, "vllm_ascend/envs.py").replace("'", '"')
     assert 'int(os.getenv("VLLM_ASCEND_ENABLE_NZ", 1))' in envs
     assert "VLLM_USE_V1" not in _member(vllm_091, "vllm/envs.py")
+    # the launcher's VLLM_USE_V1 line, run on each base (the dry runs: tests/launch/test_launch_bases.py)
+    (line,) = [ln for ln in launcher.splitlines() if "export VLLM_USE_V1" in ln]
+    for base, value in (("0.6.0", "1"), ("0.7.1", "1"), ("0.9.1", "unset")):
+        script = f'VERL_BASE={base}; LAUNCH_ENV=(); {line}\necho "${{VLLM_USE_V1-unset}} ${{LAUNCH_ENV[*]}}"'
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={}).stdout.split()
+        assert out == ([value, "VLLM_USE_V1"] if value == "1" else [value]), (base, out)

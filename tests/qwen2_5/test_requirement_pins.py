@@ -119,7 +119,7 @@ def test_the_pins_meet_math_verifys_own_requirements():
     assert unmet == []
 
 
-@pytest.mark.parametrize("file", ["requirements.txt", "requirements-e2e.lock"])
+@pytest.mark.parametrize("file", ["requirements.txt", "requirements-e2e.lock", "requirements-e2e-091.lock"])
 def test_each_environment_pins_what_math_verify_pins(file):
     """latex2sympy2_extended is pinned beside math-verify, to the release math-verify requires."""
     pinned = pins(ROOT / file)
