@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_rl import manifest
+from ascend_rl import memory_plan as mp
 from launcher_env import LAUNCHERS, dry_run_plan, launcher_env, run_launcher
 
 QWEN_LAUNCHERS = LAUNCHERS[:2]
@@ -146,6 +147,12 @@ def test_the_0_9_1_base_launches_on_the_cpu_platform_its_overlay_installs(tmp_pa
     assert plan["env"]["VERL_ENGINE_DEVICE"] == "cuda"
     npu = dry_run_plan(run_launcher(LAUNCHERS[0], ["--dry-run", "--json"], env))
     assert npu["overrides"]["trainer.use_v1"] == "False"
+    # vLLM-Ascend 0.23 sizes the KV cache from the whole die (docs/memory_plan.md): the base's share fits an A2 die,
+    # the launcher's 0.8 would not; on CPU the profile's own share stays
+    assert npu["overrides"]["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.7"
+    assert final["actor_rollout_ref.rollout.gpu_memory_utilization"] == "0.1"
+    memory = mp.plan_launch(mp.settings_from_plan(npu))
+    assert memory.refusal() is None and memory.peak.name == "generation", memory.refusal()
     # vLLM 0.23 has no VLLM_USE_V1 (tests/patches/test_contract_091.py): the launcher does not carry it here
     assert "VLLM_USE_V1" not in npu["env"] and "VLLM_USE_V1" not in plan["env"]
     assert (
