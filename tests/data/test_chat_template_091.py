@@ -1,0 +1,83 @@
+"""The recipe's tokenizer config and chat template under verl 0.9.1's pinned transformers (5.5.4), as under 4.57.6.
+
+The same script runs in this environment (transformers 4.57.6, what the 0.6.0 / 0.7.1 stacks pin) and in verl 0.9.1's
+e2e environment (.venv-e2e-091: transformers 5.5.4, constraints-0.9.1.txt): it installs llm_rl/qwen2_5/
+tokenizer_config.json into a model folder with the recipe's own command (`python3 -m ascend_rl tokenizer_config`),
+loads the folder with AutoTokenizer and renders and encodes the conversations the chat-template tests use. The
+prompts, their token ids and the special tokens must be the same under both releases. Full tier: it needs the 0.9.1
+environment (the e2e_python_091 fixture builds it once per machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ascend_rl.paths import child_env
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.full]
+
+DRIVER = r"""
+import json, shutil, sys
+from pathlib import Path
+sys.path.insert(0, str(Path(sys.argv[2]) / "tests"))
+import transformers
+from transformers import AutoTokenizer
+from tiny_tokenizer import build_tokenizer_dir
+from ascend_rl.cli import tokenizer_config as itc_cli
+from ascend_rl.data.util import run_cli
+
+model = Path(sys.argv[1]) / "Qwen2_5_1_5B_Instruct"
+build_tokenizer_dir(model)
+(model / "config.json").write_text(json.dumps({"model_type": "qwen2"}), encoding="utf-8")
+original = model / "tokenizer_config.json"
+original.write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer", "chat_template": "original"}), encoding="utf-8")
+assert run_cli(itc_cli.main, [str(model)]) == 0
+tok = AutoTokenizer.from_pretrained(str(model))
+conversations = [
+    [{"role": "user", "content": "What is $1+1$?"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Let $a = 3$. What is $a$?"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "<think>\nStep 1: y\n</think>"},
+     {"role": "user", "content": "z"}],
+]
+out = {"transformers": transformers.__version__, "renders": [], "ids": []}
+for messages in conversations:
+    for prompt in (True, False):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        out["renders"].append(text)
+        out["ids"].append(tok(text, add_special_tokens=False)["input_ids"])
+out["special"] = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")}
+out["eos"], out["pad"] = tok.eos_token, tok.pad_token
+print(json.dumps(out))
+"""
+
+
+def _render(python: Path, tmp: Path) -> dict:
+    tmp.mkdir()
+    proc = subprocess.run(
+        [str(python), "-c", DRIVER, str(tmp), str(REPO)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_chat_template_renders_and_encodes_the_same_under_transformers_5(e2e_python_091, tmp_path):
+    here = _render(Path(sys.executable), tmp_path / "here")
+    there = _render(e2e_python_091, tmp_path / "v091")
+    assert there["transformers"] == "5.5.4", there["transformers"]
+    assert here["transformers"].startswith("4."), here["transformers"]
+    # the recipe's format prompt reaches the model under both
+    assert "<answer>" in there["renders"][0] and there["renders"][0].endswith("<|im_start|>assistant\n")
+    assert there["special"] == {"<|im_start|>": 151644, "<|im_end|>": 151645, "<|endoftext|>": 151643}
+    for key in ("renders", "ids", "special", "eos", "pad"):
+        assert there[key] == here[key], (key, here[key], there[key])
