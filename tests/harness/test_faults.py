@@ -7,8 +7,8 @@ run's whole process group or only that rank, or it kills the vLLM engine's proce
 server; on 0.6.0's sync rollout the trainer rank that runs it), or (Qwen 0.6.0) the checkpoints sit on a
 tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. make test (CI) kills each
 recipe's run on its default base inside the step-2 save (CI_PLAN); make test-full adds a trainer rank, the
-engine on both bases and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no options runs every
-kill each recipe's CPU run supports.
+engine on every base, the save on verl 0.9.1 and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no
+options runs every kill each recipe's CPU run supports.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ CI_PLAN = (
 FULL_PLAN = (
     ("qwen2_5", "0.6.0", "group@save,rank@save,diskfull@save"),
     ("qwen2_5", "0.7.1", "engine@step2"),
+    # verl 0.9.1 in its own environment (e2e_python_091): the engine workers' save and the vLLM 0.23 server
+    ("qwen2_5", "0.9.1", "group@save,engine@step2"),
     # on verl 0.6.0's sync rollout the engine runs inside a trainer rank: its kill is also the dead trainer rank
     ("deepseek_r1", "0.6.0", "engine@step2"),
     ("deepseek_r1", "0.7.1", "group@save,engine@step2"),
@@ -85,7 +87,7 @@ def faults_ci(e2e_python, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def faults_full(e2e_python, tmp_path_factory):
+def faults_full(e2e_python, e2e_python_091, tmp_path_factory):
     return _faults(e2e_python, tmp_path_factory.mktemp("faults-full") / "out", FULL_PLAN)
 
 
@@ -135,12 +137,13 @@ def test_the_save_kills_happen_inside_the_step_2_save(request, tier):
 def test_a_dead_worker_ends_the_run_by_itself_with_one_line(faults_full):
     _, rows = faults_full
     dead = [row for (_recipe, kind, _base), row in rows.items() if kind in ("rank@save", "engine@step2")]
-    assert len(dead) == 4, rows
+    assert len(dead) == 5, rows
     for row in dead:
         assert row["ended_by_itself"], row  # without the script's forced kill, within --end-within
         assert row["said"] and row["said"].startswith("run: ") and " in step 2" in row["said"], row
     assert "trainer rank 0" in rows[("qwen2_5", "rank@save", "0.6.0")]["said"]
     assert "the vLLM server" in rows[("qwen2_5", "engine@step2", "0.7.1")]["said"]
+    assert "the vLLM server" in rows[("qwen2_5", "engine@step2", "0.9.1")]["said"]
     # DeepSeek's two ranks: the one killed (it ran its vLLM engine) is named, and the survivor, left waiting in
     # the rollout's collective, does not keep the run alive
     assert "trainer rank" in rows[("deepseek_r1", "engine@step2", "0.6.0")]["said"]
