@@ -25,6 +25,11 @@ class TinyShape:
     max_positions: int = 1024
 
 
+# Qwen2's pre-tokenizer split (transformers' models/qwen2/tokenization_qwen2.py PRETOKENIZE_REGEX, the same in
+# 4.57.6 and 5.5.4): letters in runs, every digit on its own, punctuation with one leading space, newlines apart.
+QWEN2_PRETOKENIZE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
 def recipe_special_tokens(tokenizer_config: dict) -> list[str]:
     """The recipe's special tokens in id order (Qwen2.5's <|endoftext|>, <|im_start|>, <|im_end|>, ...)."""
     decoder = tokenizer_config.get("added_tokens_decoder", {})
@@ -39,13 +44,23 @@ def train_tokenizer(
     texts: Iterable[str], tokenizer_config: dict, vocab_size: int, max_length: int = TinyShape.max_positions
 ):
     """A byte-level BPE over texts, wrapped with the recipe's special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = recipe_special_tokens(tokenizer_config)
     bpe = Tokenizer(models.BPE())
-    # Byte-level like Qwen's own tokenizer, so any response decodes and re-encodes losslessly.
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's own pipeline, so any response decodes and re-encodes losslessly and every transformers release
+    # splits text alike: transformers 5 builds a Qwen2Tokenizer (the recipe's tokenizer_class) with this
+    # normalizer and pre-tokenizer whatever tokenizer.json says (5.5.4: models/qwen2/tokenization_qwen2.py:73-86),
+    # 4.57 reads them from tokenizer.json, where Qwen's own files have them (its Qwen2Converter writes the same).
+    # With GPT-2's byte-level split instead, 5.5.4 cut " 2" in two and the prompts grew by 4 % (issue 45).
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
