@@ -81,7 +81,7 @@ def _record(name: str, summary: dict, ok: bool) -> None:
 
 
 # (the base's DEMO_ARGS, what the tier table calls the run, the least rise of the held-out accuracy): the README's
-# make demo on the default base (0.188 -> 0.781 there), and on verl 0.9.1 the rise issue 45 asks for
+# make demo on the default base (docs/cpu-runs.md: 0.109 -> 0.656 with seed 2), and on verl 0.9.1 the rise issue 45 asks for
 DEMOS = {
     "default": ([], "make demo (12 steps)", 0.25),
     "0.9.1": (["--base", "0.9.1"], "make demo --base 0.9.1 (12 steps)", 0.20),
