@@ -346,7 +346,7 @@ BASE_DEFAULTS: dict[tuple[int, int], dict[str, Any]] = {
     },
 }
 # The vLLM-Ascend whose KV-cache rule the plan applies, by the verl base's (major, minor): each base's constraints
-# file pins it (constraints.txt: vllm-ascend==0.13.0; constraints-0.9.1.txt: vllm-ascend==0.23.0.post1).
+# file pins it (constraints.txt: vllm-ascend 0.13.0; constraints-0.9.1.txt: vllm-ascend 0.23.0.post1).
 VLLM_ASCEND_OF_BASE = {(0, 9): "0.23.0.post1"}
 VLLM_ASCEND_DEFAULT = "0.13.0"
 

@@ -10,7 +10,8 @@ with megatron-core 0.16.x, megatron-bridge 0.3.1 and mbridge 0.15.1 installed --
     python3.12 -m venv /tmp/probe46
     echo "import site; site.addsitedir('$(readlink -f .venv-e2e-091)/lib/python3.12/site-packages')" \
         > /tmp/probe46/lib/python3.12/site-packages/zz_e2e091.pth
-    /tmp/probe46/bin/pip install --no-deps "megatron-core==0.16.*" megatron-bridge==0.3.1 mbridge==0.15.1
+    /tmp/probe46/bin/pip install --no-deps "megatron-core==0.16.*" megatron-bridge==0.3.1 \
+        "$(grep '^mbridge==' constraints.txt)"    # mbridge 0.15.1, constraints.txt's pin
 
 The tree is `overlay apply qwen2_5 --base 0.9.1 --with cpu`'s (cpu-0014's platform); the model a
 `ascend_rl.tiny.deepseek_v3.make_checkpoint` (--make-model writes one, with a random router bias). Two

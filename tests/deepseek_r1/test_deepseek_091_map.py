@@ -1,7 +1,7 @@
 """docs/deepseek-0.9.1.md against the artifacts it cites (issue 46, groundwork of the DeepSeek 0.9.1 base).
 
 The document maps every patch of the DeepSeek 0.7.1 series onto verl 0.9.1 and says where the recipe's
-optimisations hook in, citing lines as `PATH:LINE TEXT`: a bare PATH in verl 0.9.1's sdist, `PKG==VER/PATH` in
+optimisations hook in, citing lines as `PATH:LINE TEXT`: a bare PATH in verl 0.9.1's sdist, `PKG-VER/PATH` in
 that package's sdist or wheel from the index. Each citation is re-read here; TEXT must be on that line. And every
 patch of the 0.7.1 series (and each 0.6.0 one 0.7.1 does not port) must have a row with its fate.
 """
@@ -28,9 +28,10 @@ DOC = REPO / "docs" / "deepseek-0.9.1.md"
 MANIFEST = REPO / "llm_rl" / "deepseek_r1" / "recipe.toml"
 BASE = "0.9.1"
 
-# `PATH:LINE TEXT` or `PKG==VER/PATH:LINE TEXT`, in backticks; TEXT runs to the closing backtick.
+# `PATH:LINE TEXT` or `PKG-VER/PATH:LINE TEXT` (an sdist's folder name; PKG==VER is a pin, which only the
+# constraints files write: tests/launch/test_stack.py), in backticks; TEXT runs to the closing backtick.
 CITATION = re.compile(
-    r"`(?:(?P<pkg>[a-z][a-z0-9-]*)==(?P<ver>[0-9][0-9a-z.]*)/)?"
+    r"`(?:(?P<pkg>[a-z][a-z0-9-]*)-(?P<ver>[0-9][0-9a-z.]*)/)?"
     r"(?P<path>[A-Za-z0-9_][A-Za-z0-9_./-]*):(?P<line>[0-9]+) (?P<text>[^`]+)`"
 )
 
@@ -98,7 +99,7 @@ def test_the_document_cites_every_source_it_names():
 def test_every_citation_is_on_the_line_it_names(source):
     wrong = []
     for m in citations():
-        where = f"{m['pkg']}=={m['ver']}/{m['path']}" if m["pkg"] else m["path"]
+        where = f"{m['pkg']}-{m['ver']}/{m['path']}" if m["pkg"] else m["path"]
         lines = source(m["pkg"], m["ver"], m["path"])
         number, text = int(m["line"]), m["text"]
         if lines is None:
