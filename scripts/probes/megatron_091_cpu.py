@@ -17,8 +17,8 @@ The tree is `overlay apply qwen2_5 --base 0.9.1 --with cpu`'s (cpu-0014's platfo
 `ascend_rl.tiny.deepseek_v3.make_checkpoint` (--make-model writes one, with a random router bias). Two
 processes, EP=2, through export and a checkpoint round trip, on the Megatron-Bridge path:
 
-    nice -n 19 /tmp/probe46/bin/python -m torch.distributed.run --nproc-per-node 2 \
-        scripts/probes/megatron_091_cpu.py --ep 2 --stop ckpt --fix bridge-all
+    PYTHONPATH=$PWD:$PWD/llm_rl/qwen2_5/verl-0.9.1-cpu nice -n 19 /tmp/probe46/bin/python \
+        -m torch.distributed.run --nproc-per-node 2 scripts/probes/megatron_091_cpu.py --ep 2 --stop ckpt --fix bridge-all
     # the mbridge path: --bridge mbridge --fix mbridge-all --stop update
 """
 
@@ -116,8 +116,7 @@ def fix(name):
 
 
 def _cpu_compat():
-    sys.path.insert(0, str(REPO / "ascend_rl" / "harness" / "verl_modules"))
-    import cpu_compat
+    from ascend_rl.harness.verl_modules import cpu_compat
 
     return cpu_compat
 
@@ -555,13 +554,17 @@ def main() -> int:
         "--bf16", action="store_true", help="the engine's dtype as verl allows it (default fp32)"
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     if args.make_model:
         make_model(args.model)
         return 0
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
-    sys.path.insert(0, str(args.tree))
+    try:
+        import verl
+    except ModuleNotFoundError:
+        parser.error(f"verl is not importable: put the repository and {args.tree} on PYTHONPATH")
+    if not Path(verl.__file__).resolve().is_relative_to(args.tree.resolve()):
+        parser.error(f"verl is imported from {verl.__file__}, not from {args.tree}: put both on PYTHONPATH")
     args.work.mkdir(parents=True, exist_ok=True)
     import torch
     import torch.distributed as dist

@@ -13,6 +13,7 @@ needs the 0.9.1 environment (the e2e_python_091 fixture builds it once per machi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.full]
 
 DRIVER = r"""
-import json, shutil, sys
+import json, sys
 from pathlib import Path
-sys.path.insert(0, str(Path(sys.argv[2]) / "tests"))
 import transformers
 from transformers import AutoTokenizer
 from tiny_tokenizer import build_tokenizer_dir
@@ -71,9 +71,10 @@ print(json.dumps([tok(t, add_special_tokens=False)["input_ids"] for t in texts])
 def _render(python: Path, tmp: Path) -> dict:
     tmp.mkdir()
     proc = subprocess.run(
-        [str(python), "-c", DRIVER, str(tmp), str(REPO)],
+        [str(python), "-c", DRIVER, str(tmp)],
         cwd=REPO,
-        env=child_env(),
+        # the tests folder for tiny_tokenizer, as pytest's rootdir conftest has it here
+        env=child_env({**os.environ, "PYTHONPATH": str(REPO / "tests")}),
         capture_output=True,
         text=True,
         timeout=300,
