@@ -44,7 +44,7 @@ export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
-recipes_find_python "$(basename "$0")" || exit 1
+recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ray") is None)' 2>/dev/null || {
   echo "$(basename "$0"): $PYTHON has no ray; install the stack into it or set PYTHON to the Python ray is installed in" >&2
   exit 1

@@ -64,7 +64,7 @@ esac
 source "$RECIPE_DIR/env.sh"
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
-recipes_find_python "$(basename "$0")" || exit 1
+recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 # The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
 # reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV,
 # RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).

@@ -3,8 +3,9 @@
 #
 #   bash run_qwen2_5_1_5b.sh [--base VERSION] [--dry-run [--json]] [--cpu] [--help] [hydra.override=value ...]
 #
-# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the original guide's sync rollout)
-# or 0.7.1 (verl's own Ascend release, server-mode rollout); default: recipe.toml's default_base.
+# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.9.1 (today's stack: vLLM / vllm-ascend 0.23, the engine
+# workers), 0.7.1 (verl's own Ascend release for vLLM 0.13, server-mode rollout) or 0.6.0 (the original guide's
+# sync rollout); default: recipe.toml's default_base (0.9.1).
 # Paths: MODEL_DIR (default model/Qwen2_5_1_5B_Instruct), DATA_DIR (default data/math,
 # holding train.parquet and test.parquet), VERL_DIR (default verl-<base>/, fetched and patched
 # by the overlay tool), LOG_DIR (default run_log/), CKPT_DIR (default checkpoints/),
@@ -61,7 +62,7 @@ if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
 fi
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
-recipes_find_python "$(basename "$0")" || exit 1
+recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 # The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
 # reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV,
 # RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).

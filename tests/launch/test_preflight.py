@@ -78,6 +78,35 @@ def test_no_python_with_the_stack_is_one_line(tmp_path):
     assert bad.returncode == 1 and bad.stderr.startswith("run.sh: PYTHON=/bin/false cannot import hydra")
 
 
+@pytest.mark.skipif(_system_python_has_hydra(), reason="this machine's /usr/bin python3 has hydra installed")
+@pytest.mark.parametrize(
+    "recipe, base, venv",
+    [
+        ("qwen2_5", "", ".venv-e2e-091"),  # no base named: the recipe's default_base, verl 0.9.1's stack
+        ("qwen2_5", "0.7.1", ".venv-e2e"),
+        ("deepseek_r1", "", ".venv-e2e"),  # its default, 0.6.0
+        ("deepseek_r1", "0.9.1", ".venv-e2e-091"),
+    ],
+)
+def test_the_cpu_profile_takes_the_environment_of_the_base_it_launches(tmp_path, recipe, base, venv):
+    """A CPU launch with no --base gets the Python of the recipe's default base's stack, the one its tree needs."""
+    from ascend_rl import manifest
+
+    for name in (".venv-e2e", ".venv-e2e-091"):  # two stand-in environments that import hydra
+        (tmp_path / name / "bin").mkdir(parents=True)
+        python = tmp_path / name / "bin" / "python"
+        python.write_text("#!/bin/sh\nexit 0\n")
+        python.chmod(0o755)
+    toml = REPO / "llm_rl" / recipe / "recipe.toml"
+    default = manifest.default_base(manifest.tomllib.loads(toml.read_text()))
+    script = f"REPO_DIR={tmp_path}; source {REPO}/scripts/find_python.sh; recipes_find_python run.sh {toml} && echo $PYTHON"
+    env = {"PATH": BARE_PATH, "PROFILE": "cpu", **({"VERL_BASE": base} if base else {})}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    want = ".venv-e2e-091" if (base or default) == "0.9.1" else ".venv-e2e"
+    assert want == venv and proc.stdout.strip() == f"{tmp_path}/{venv}/bin/python", (default, proc.stdout)
+
+
 def test_misspelt_reward_function_fails_even_a_dry_run(tmp_path, verl_tree):
     proc = _run(QWEN, ["--dry-run", "custom_reward_function.name=compute_scor"], _env(tmp_path, verl_tree))
     line = _refused(proc)
