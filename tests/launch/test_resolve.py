@@ -80,7 +80,7 @@ def test_the_json_form_names_the_series_in_order():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     want = [str(p.relative_to(REPO)) for p in manifest.load_recipe("qwen2_5", "0.6.0").series]
-    assert data["series"] == want and data["base"] == "0.6.0" and data["default_base"] == "0.7.1"
+    assert data["series"] == want and data["base"] == "0.6.0" and data["default_base"] == "0.9.1"
     with pytest.raises(UsageError):
         manifest.resolve_launch("qwen2_5", "0.5.0")
 

@@ -160,7 +160,7 @@ def test_the_readme_gives_settings_for_each_base():
     ids=["batch-on-0.7.1", "0.7.1-settings", "0.6.0-settings"],
 )
 def test_the_launcher_dry_run_on_each_base(tmp_path, pristine_base, base, settings, refused):
-    """The README's batch line, dry-run through the single-card launcher: refused on 0.7.1 (the default base) before
+    """The README's batch line, dry-run through the single-card launcher: refused on 0.7.1 (no batch reward manager there) before
     anything starts, taken on 0.6.0; the README's 0.7.1 line is taken on 0.7.1."""
     given = _readme_settings()
     args = [a for a in given["either"] if not a.startswith("custom_reward_function.path=")] + given[settings]
