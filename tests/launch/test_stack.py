@@ -228,8 +228,13 @@ def test_the_repository_pins_every_deepseek_extra_and_mindspeed_by_commit():
 
 
 def test_installer_dry_run_follows_the_seed_order_without_writing_versions():
+    """The seed's install order, on the stack it was written for (vLLM 0.13: verl 0.7.1; the default base, 0.9.1,
+    adds its triton-ascend step: test_installer_pins_each_base_with_its_own_constraints)."""
     proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"], capture_output=True, text=True
+        ["bash", str(REPO / "scripts" / "install_npu_stack.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, VERL_BASE="0.7.1"),
     )
     assert proc.returncode == 0, proc.stderr
     commands = [line for line in proc.stdout.splitlines() if line.startswith("+ ")]
@@ -279,6 +284,9 @@ def _installer_commands(*args: str, env: dict | None = None) -> list[str]:
 def test_installer_pins_each_base_with_its_own_constraints():
     """One resolution (issue 44 item 2): the installer's pins are the resolved base's constraints file, so verl
     0.9.1's stack (vLLM 0.23, torch 2.10) is not installed under the 0.13 stack's pins."""
+    no_base = {k: v for k, v in os.environ.items() if k != "VERL_BASE"}
+    default = _installer_commands("--recipe", "qwen2_5", env=no_base)  # none named: the default base, 0.9.1
+    assert default == _installer_commands("--recipe", "qwen2_5", env=dict(no_base, VERL_BASE="0.9.1"))
     for base, constraints in (("0.7.1", CONSTRAINTS), ("0.9.1", REPO / "constraints-0.9.1.txt")):
         cmds = _installer_commands("--recipe", "qwen2_5", env=dict(os.environ, VERL_BASE=base))
         pins = [c for c in cmds if "pip install" in c and "-e " not in c]
@@ -332,8 +340,8 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
 
 def test_installer_keeps_uvloop_at_its_pin():
     """The seed uninstalls uvloop before vllm, which puts it back; removing it after vllm would break verl."""
-    for recipe in ("qwen2_5", "deepseek_r1"):
-        assert not [c for c in _installer_commands("--recipe", recipe) if "uninstall" in c], recipe
+    for recipe in ("qwen2_5", "deepseek_r1"):  # each on its default base
+        assert not [c for c in _installer_commands("--recipe", recipe) if re.search(r"uninstall.*uvloop", c)]
     assert "uvloop" in {n for n, _ in check_stack.read_pins(CONSTRAINTS)}
 
 
