@@ -15,7 +15,9 @@ measured to <work>/result-r<rank>.json; the test asserts on the figures:
 - the bridge's export (engine.get_per_tensor_param) before the update against the checkpoint's tensors;
 - one update (engine.train_batch, a toy loss) and how far it moves the log-probs; the export after it written as a
   safetensors checkpoint, loaded into HF (from_pretrained's loading info), and HF's log-probs against the engine's;
-- a checkpoint round trip: save, a second update, load: the log-probs are the saved ones again.
+- a checkpoint round trip: save, a second update, load: the log-probs are the saved ones again;
+- with --resume (a second run on the same --work): a fresh engine loads that checkpoint before any step, as a
+  resumed run does (resume-r<rank>.json).
 """
 
 from __future__ import annotations
@@ -247,6 +249,7 @@ def checkpoint_round_trip(engine, ckpt: Path, train_td, batch, lp) -> dict:
 
 
 def run(model: Path, work: Path) -> dict:
+    import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -278,6 +281,7 @@ def run(model: Path, work: Path) -> dict:
     result["export_after"] = export_against_checkpoint(engine, model)
     result["export_into_hf"] = export_into_hf(engine, model, work / f"exported-r{rank}", batch, lp_after)
     result["checkpoint"] = checkpoint_round_trip(engine, work / "ckpt", train_td, batch, lp_after)
+    torch.save(lp_after, work / f"saved-logprobs-r{rank}.pt")  # what --resume compares with
     result["seconds"] = round(time.time() - t0, 1)
     result["modules"] = {
         "verl": sys.modules["verl"].__file__,
@@ -289,11 +293,41 @@ def run(model: Path, work: Path) -> dict:
     return result
 
 
+def resume(model: Path, work: Path) -> dict:
+    """A fresh engine (a new process, as a resumed run's) loads run()'s checkpoint before any step (the optimizer
+    holds no state yet: cpu-0017's zero states): its log-probs are the saved ones, and an update runs after it."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    engine = build_engine(model, ep=world)
+    engine.initialize()
+    batch = make_batch(engine.model_config.hf_config.vocab_size, rank)
+    mask = batch.batch["response_mask"].bool()
+    saved = torch.load(work / f"saved-logprobs-r{rank}.pt")
+    fresh = _gap(engine_log_probs(engine, batch), saved, mask)
+    engine.load_checkpoint(str(work / "ckpt"))
+    loaded = _gap(engine_log_probs(engine, batch), saved, mask)
+    out, _ = one_update(engine, rank, world)
+    moved = _gap(engine_log_probs(engine, batch), saved, mask)
+    return {
+        "rank": rank,
+        "before_load": fresh,
+        "after_load": loaded,
+        "update_after_load": {"grad_norm": out["metrics"].get("grad_norm"), "logprobs_moved": moved},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a tiny DeepSeek-V3 checkpoint")
     parser.add_argument(
         "--work", type=Path, required=True, help="where the export, checkpoint and results go"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="a fresh engine loads the checkpoint a run without it left in --work",
     )
     args = parser.parse_args()
     import torch
@@ -302,8 +336,9 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        result = run(args.model, args.work)
-        (args.work / f"result-r{dist.get_rank()}.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = (resume if args.resume else run)(args.model, args.work)
+        name = "resume" if args.resume else "result"
+        (args.work / f"{name}-r{dist.get_rank()}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"RESULT r{dist.get_rank()} " + json.dumps(result), flush=True)
     finally:
         dist.destroy_process_group()

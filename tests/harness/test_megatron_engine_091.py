@@ -75,7 +75,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def engine_run(e2e_python_091, pristine_base, tmp_path_factory):
-    """The driver under torch.distributed.run, 2 processes; (process, [result of rank 0, rank 1], model)."""
+    """The driver under torch.distributed.run, 2 processes, then again with --resume; ({proc, results, resume_proc,
+    resume}, the tree)."""
     packages = get_artifact(
         "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, e2e_python_091, "0.9.1"
     )
@@ -107,21 +108,31 @@ def engine_run(e2e_python_091, pristine_base, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
     env.update(manifest.resolve_launch(recipe, "0.9.1", profile="cpu").cpu_env)
     env.update(PYTHONPATH=os.pathsep.join([str(tree), str(packages)]), OMP_NUM_THREADS="1")
-    run = [str(e2e_python_091), "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    run += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    proc = subprocess.run(
-        [*run, str(DRIVER), "--model", str(model), "--work", str(work)],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    results = [
-        json.loads(path.read_text()) if path.is_file() else None
-        for path in (work / "result-r0.json", work / "result-r1.json")
-    ]
-    return proc, results, model, tree
+
+    def driver(*extra: str) -> subprocess.CompletedProcess:
+        run = [str(e2e_python_091), "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        run += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+        return subprocess.run(
+            [*run, str(DRIVER), "--model", str(model), "--work", str(work), *extra],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+
+    def results(name: str) -> list:
+        paths = (work / f"{name}-r0.json", work / f"{name}-r1.json")
+        return [json.loads(path.read_text()) if path.is_file() else None for path in paths]
+
+    proc = driver()
+    resumed = driver("--resume") if proc.returncode == 0 else None
+    return {
+        "proc": proc,
+        "results": results("result"),
+        "resume_proc": resumed,
+        "resume": results("resume"),
+    }, tree
 
 
 def _tail(proc) -> str:
@@ -131,7 +142,8 @@ def _tail(proc) -> str:
 @pytest.mark.slow
 @pytest.mark.full
 def test_megatron_engine_091_on_the_tiny_deepseek_v3(engine_run):
-    proc, results, model, tree = engine_run
+    run, tree = engine_run
+    proc, results = run["proc"], run["results"]
     assert proc.returncode == 0 and all(results), _tail(proc)
     for r in results:
         print(
@@ -169,3 +181,20 @@ def test_megatron_engine_091_on_the_tiny_deepseek_v3(engine_run):
         # checkpoint: a second update moves the log-probs, the load brings back the saved ones
         ckpt = r["checkpoint"]
         assert ckpt["second_update_moved"] > 1e3 * LOGPROB_TOL and ckpt["after_load"] < LOGPROB_TOL, ckpt
+
+
+@pytest.mark.slow
+@pytest.mark.full
+def test_a_fresh_megatron_engine_091_resumes_from_that_checkpoint(engine_run):
+    """A second process loads the checkpoint into an engine that has taken no step (torch AdamW without state:
+    cpu-0017's zero states), as a resumed run does: the saved log-probs, then an update."""
+    run, _ = engine_run
+    proc, results = run["resume_proc"], run["resume"]
+    assert proc is not None and proc.returncode == 0 and all(results), _tail(proc) if proc else "no first run"
+    for r in results:
+        print(f"\nresume rank {r['rank']}: " + json.dumps(r))
+        assert r["before_load"] > 1e3 * LOGPROB_TOL, (
+            r
+        )  # the fresh engine is the initial model, not the saved one
+        assert r["after_load"] < LOGPROB_TOL, r
+        assert r["update_after_load"]["logprobs_moved"] > 1e3 * LOGPROB_TOL, r
