@@ -15,11 +15,13 @@ with megatron-core 0.16.x, megatron-bridge 0.3.1 and mbridge 0.15.1 installed --
         "$(grep '^mbridge==' constraints.txt)"    # constraints-0.9.1.txt's and constraints.txt's pins
 
 The overlay now does what the --fix workarounds did (patches/cpu/cpu-0016, cpu-0017; docs/deepseek-0.9.1.md
-section 5): on a tree made with it they are not needed, and the Megatron-Bridge path runs without any; the check
-that runs it is tests/harness/test_megatron_engine_091.py. The folder artifacts.megatron_packages(python, "0.9.1")
-builds holds the same packages without mbridge.
+section 5): on a tree made with it the Megatron-Bridge path runs with no --fix, and a --fix that repeats a
+cpu_compat step applies it twice (`--fix cpu_compat` wraps Tensor.type again, and the distributed optimizer then
+refuses "torch.cuda.cuda.FloatTensor"); the --fix names reproduce the section's errors only on a tree without
+cpu-0016 / cpu-0017. The check that runs the engine is tests/harness/test_megatron_engine_091.py. The folder
+artifacts.megatron_packages(python, "0.9.1") builds holds the same packages without mbridge.
 
-The tree is `overlay apply qwen2_5 --base 0.9.1 --with cpu`'s (cpu-0014's platform); the model a
+The tree was `overlay apply qwen2_5 --base 0.9.1 --with cpu`'s before cpu-0016 (cpu-0014's platform); the model a
 `ascend_rl.tiny.deepseek_v3.make_checkpoint` (--make-model writes one, with a random router bias). Two
 processes, EP=2, through export and a checkpoint round trip, on the Megatron-Bridge path:
 
