@@ -1,0 +1,339 @@
+"""Driver: ds-0206's AlltoAllV expert reshard inside verl 0.9.1's MegatronEngine export, on 2 gloo ranks (EP=2).
+
+Run by tests/deepseek_r1/test_moe_reshard_export_091.py (full tier) under torch.distributed.run with 2 processes,
+on a verl 0.9.1 tree carrying the Qwen 0.9.1 series, the CPU overlay and ds-0206 (so verl/utils/megatron/
+expert_reshard.py and moe_reshard.py are the installed copies), with megatron-core 0.16 and Megatron-Bridge 0.3.1
+importable. Each rank builds the real engine (EngineRegistry.new(..., backend="megatron"), initialize(), the
+checkpoint loaded through the bridge) on a tiny random DeepSeek-V3 and calls engine.get_per_tensor_param as
+0.9.1's ActorRolloutRefWorker.update_weights does, several times in the same run:
+
+- `allgather`: no rollout_config (the bridge's own export: PP broadcast, EP all-gather of every expert);
+- `alltoallv_ep2`: rollout_config with expert_reshard=alltoallv, rollout TP 1 x DP 2 = EP 2 (rank r keeps block r,
+  the block it trains: every expert is a local copy, no collective);
+- `alltoallv_ep1`: rollout TP 2, EP off (every rank keeps every expert: rank r receives the other block by
+  all_to_all_single);
+- `swapped_blocks`: the installed planner told that rollout rank r keeps the other rank's block (a rollout that
+  keeps another block than training holds); checked against that map (it must hold) and, as a negative control,
+  against the real one (it must fail);
+- negative control `wrong_local_id`: the adapter's local expert index shifted by one (bit-equality must fail).
+
+Memory: every torch.distributed.all_gather / all_to_all_single call during an export is wrapped (the bridge and the
+executor call them through torch.distributed; all_gather_object's internal calls do not go through the wrapper);
+each output tensor is tracked by a weakref finalizer, so `collective_peak_bytes` is the largest sum of collective
+output bytes alive at one time while the consumer copies each yielded tensor and drops it (what the rollout's
+bucketed load does), and `collective_bytes` their total. Both are byte counts of tensors, not RSS.
+
+BORROWED FROM THE PROBE (scripts/probes/megatron_091_cpu.py), until the redone CPU overlay for the Megatron engine
+(issue 46 step 2, cpu-0016/0017) lands: the import of megatron.bridge under a transformer_engine stub, and its
+`bridge-all` monkeypatches (cpu_compat's megatron-core shims, the 0.16 core-attention / MLA / te_general_gemm /
+DtoH-event workarounds, the SequentialMLP expert names registered with the bridge), the fp32 engine config and the
+provider overrides. They are what the probe needed to run the engine on CPU; none of them touches the export path
+this driver measures beyond naming SequentialMLP's experts as the grouped ones (item 9 of the map's section 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import weakref
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = REPO / "scripts" / "probes" / "megatron_091_cpu.py"
+EXPERT = ".mlp.experts."
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("megatron_091_cpu_probe", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class CollectiveMeter:
+    """Bytes of the outputs of torch.distributed.all_gather / all_to_all_single calls while installed."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.live = self.peak = self.total = self.calls = 0
+        self.by_op: dict[str, int] = {}
+
+    def _track(self, op: str, tensors) -> None:
+        for tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            self.live += nbytes
+            self.total += nbytes
+            self.by_op[op] = self.by_op.get(op, 0) + nbytes
+            weakref.finalize(tensor, self._release, nbytes)
+        self.calls += 1
+        self.peak = max(self.peak, self.live)
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __enter__(self):
+        dist = self.dist
+        self.saved = (dist.all_gather, dist.all_to_all_single)
+        all_gather, all_to_all_single = self.saved
+
+        def gather(tensor_list, tensor, *args, **kwargs):
+            out = all_gather(tensor_list, tensor, *args, **kwargs)
+            self._track("all_gather", tensor_list)
+            return out
+
+        def alltoall(output, input, *args, **kwargs):
+            out = all_to_all_single(output, input, *args, **kwargs)
+            self._track("all_to_all_single", [output])
+            return out
+
+        dist.all_gather, dist.all_to_all_single = gather, alltoall
+        return self
+
+    def __exit__(self, *exc):
+        self.dist.all_gather, self.dist.all_to_all_single = self.saved
+
+    def figures(self) -> dict:
+        return {
+            "collective_calls": self.calls,
+            "collective_bytes": self.total,
+            "collective_peak_bytes": self.peak,
+            "by_op": self.by_op,
+        }
+
+
+def export(engine, rollout_config, report_path: Path | None = None) -> tuple[dict, dict]:
+    """{name: copy} of what the engine's export yields on this rank, and the collective figures."""
+    import torch
+
+    if report_path is not None:
+        os.environ["RECIPE_RESHARD_REPORT"] = str(report_path)
+    out: dict[str, torch.Tensor] = {}
+    with CollectiveMeter() as meter:
+        kwargs = {} if rollout_config is None else {"rollout_config": rollout_config}
+        gen, _ = engine.get_per_tensor_param(base_sync_done=True, **kwargs)
+        for name, tensor in gen:
+            assert name not in out, f"{name} yielded twice"
+            out[name] = tensor.detach().clone()  # the rollout's copy into its own weights
+            del tensor
+    os.environ.pop("RECIPE_RESHARD_REPORT", None)
+    return out, meter.figures()
+
+
+def compare(got: dict, reference: dict, kept: set[str]) -> dict:
+    """The routed-expert names got against what the rollout rank keeps, and bit-equality with the reference."""
+    got_experts = {k for k in got if EXPERT in k and ".shared_experts." not in k}
+    others = set(got) - got_experts
+    ref_others = {k for k in reference if not (EXPERT in k and ".shared_experts." not in k)}
+    return {
+        "expert_names": len(got_experts),
+        "expert_names_equal_kept": got_experts == kept,
+        "missing_kept": sorted(kept - got_experts)[:4],
+        "extra": sorted(got_experts - kept)[:4],
+        "experts_bit_equal": all(k in reference and torch_equal(got[k], reference[k]) for k in got_experts),
+        "experts_unequal": sorted(
+            k for k in got_experts if k in reference and not torch_equal(got[k], reference[k])
+        )[:4],
+        "others_equal": others == ref_others and all(torch_equal(got[k], reference[k]) for k in others),
+    }
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def kept_names(reference: dict, experts: set[int]) -> set[str]:
+    import re
+
+    return {
+        k
+        for k in reference
+        if EXPERT in k
+        and ".shared_experts." not in k
+        and int(re.search(r"experts\.(\d+)\.", k).group(1)) in experts
+    }
+
+
+def read_report(path: Path, rank: int) -> list[dict]:
+    if not path.exists():
+        return []
+    return [row for row in map(json.loads, path.read_text().splitlines()) if row["rank"] == rank]
+
+
+def planner_bytes(
+    mr, world: int, ep: int, rollout_ep: int, num_experts: int, expert_tensors: dict, rank: int
+):
+    """The planner's recv / sent bytes for this rank over every (layer, parameter) of the export, computed here from
+    the pure planner and the exported tensors' shapes (one expert's tensor per (layer, Megatron parameter))."""
+    plan = mr.plan_experts(mr.TrainLayout(world, ep=ep), mr.RolloutLayout(world, ep=rollout_ep), num_experts)
+    recv = sent = 0
+    for nbytes in expert_tensors.values():
+        step = mr.expert_step_traffic(plan, rank, 0, nbytes)
+        recv, sent = recv + step["recv"], sent + step["sent"]
+    return {"recv": recv, "sent": sent}
+
+
+def run(args) -> dict:
+    import re
+
+    import torch.distributed as dist
+
+    probe = load_probe()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    probe.import_megatron_bridge()
+    for name in probe.GROUPS["bridge-all"]:
+        probe.FIXES[name]()
+    engine = probe.build_engine(
+        argparse.Namespace(
+            ep=world, bridge="megatron-bridge", model=args.model, offload=False, bf16=args.bf16
+        )
+    )
+    engine.initialize()
+
+    import verl.utils.megatron.expert_reshard as adapter
+    import verl.utils.megatron.moe_reshard as mr
+    from verl.workers.config import RolloutConfig
+
+    assert Path(adapter.__file__).resolve().is_relative_to(Path(args.tree).resolve()), adapter.__file__
+    num_experts = engine.tf_config.num_moe_experts
+    result: dict = {
+        "rank": rank,
+        "world": world,
+        "num_experts": num_experts,
+        "verl": str(Path(adapter.__file__)),
+    }
+
+    def rollout(tp: int, dp: int, ep: int, mode: str = "alltoallv"):
+        return RolloutConfig(
+            name="vllm",
+            tensor_model_parallel_size=tp,
+            data_parallel_size=dp,
+            expert_parallel_size=ep,
+            expert_reshard=mode,
+        )
+
+    try:
+        rollout(1, 2, 2, mode="bogus")
+        result["config_refuses_bogus"] = False
+    except ValueError as exc:
+        result["config_refuses_bogus"] = "rollout.expert_reshard must be" in str(exc)
+
+    reference, result["allgather"] = export(engine, None)
+    per = num_experts // world
+    # one (layer, Megatron parameter) = one entry: fc1 (gate + up fused) and fc2 bytes of ONE expert, from HF names
+    expert_tensors: dict[str, int] = {}
+    for k, v in reference.items():
+        m = re.search(r"layers\.(\d+)\.mlp\.experts\.0\.(gate_proj|up_proj|down_proj)", k)
+        if m:
+            key = f"{m.group(1)}.{'fc2' if m.group(2) == 'down_proj' else 'fc1'}"
+            expert_tensors[key] = expert_tensors.get(key, 0) + v.numel() * v.element_size()
+    result["expert_tensor_bytes"] = expert_tensors
+    result["allgather"]["expert_names"] = sum(
+        1 for k in reference if EXPERT in k and ".shared_experts." not in k
+    )
+    result["allgather"]["kept_names"] = len(kept_names(reference, set(range(rank * per, (rank + 1) * per))))
+
+    work = Path(args.work)
+    layouts = {
+        # name: (rollout tp, dp, ep, experts this rollout rank keeps, the planner's rollout EP)
+        "alltoallv_ep2": (1, world, world, set(range(rank * per, (rank + 1) * per)), world),
+        "alltoallv_ep1": (world, 1, 1, set(range(num_experts)), 1),
+    }
+    for name, (tp, dp, ep, keeps, plan_ep) in layouts.items():
+        report = work / f"{name}.jsonl"
+        got, figures = export(engine, rollout(tp, dp, ep), report)
+        rows = read_report(report, rank)
+        result[name] = {
+            **figures,
+            **compare(got, reference, kept_names(reference, keeps)),
+            "report": rows,
+            "plan": planner_bytes(mr, world, world, plan_ep, num_experts, expert_tensors, rank),
+        }
+
+    # a rollout that keeps the other block than the rank trains: the installed planner is told that rollout rank r
+    # keeps block r+1 (as a vLLM engine whose EP ranks run in the other order would); against that map every rank
+    # must receive exactly the other block, bit-equal, with the bytes of that plan. Against the real map (rank r
+    # keeps block r) the same export is the negative control: wrong names, bytes off the plan.
+    original = mr.RolloutLayout.experts_needed
+
+    def other_block(self, r, n):
+        return original(self, (r + 1) % self.world_size, n)
+
+    mr.RolloutLayout.experts_needed = other_block
+    try:
+        report = work / "swapped_blocks.jsonl"
+        got, figures = export(engine, rollout(1, world, world), report)
+        swapped_plan = planner_bytes(mr, world, world, world, num_experts, expert_tensors, rank)
+    finally:
+        mr.RolloutLayout.experts_needed = original
+    other = (rank + 1) % world
+    result["swapped_blocks"] = {
+        **figures,
+        **compare(got, reference, kept_names(reference, set(range(other * per, (other + 1) * per)))),
+        "report": read_report(report, rank),
+        "plan": swapped_plan,
+    }
+    result["swapped_blocks_against_the_real_map"] = {
+        **compare(got, reference, kept_names(reference, set(range(rank * per, (rank + 1) * per)))),
+        "plan": planner_bytes(mr, world, world, world, num_experts, expert_tensors, rank),
+    }
+
+    # negative control 2: the adapter reads each task's local expert index one off
+    original_id = adapter.local_expert_id
+    adapter.local_expert_id = lambda task, per_rank: (original_id(task, per_rank) + 1) % per_rank
+    try:
+        got, figures = export(engine, rollout(world, 1, 1), work / "wrong_local_id.jsonl")
+    finally:
+        adapter.local_expert_id = original_id
+    result["wrong_local_id"] = {
+        **figures,
+        **compare(got, reference, kept_names(reference, set(range(num_experts)))),
+    }
+
+    # a fallback: with mbridge's export (vanilla_mbridge) the adapter hands back the engine's own stream
+    engine.vanilla_bridge, saved = True, engine.vanilla_bridge
+    try:
+        result["fallback_is_default"] = adapter.export_hf_weights_alltoallv(
+            engine, "DEFAULT", rollout(1, world, world)
+        )
+    finally:
+        engine.vanilla_bridge = saved
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tree", required=True, help="the verl 0.9.1 tree (CPU overlay + ds-0206), on PYTHONPATH"
+    )
+    parser.add_argument(
+        "--model", type=Path, required=True, help="a tiny DeepSeek-V3 checkpoint (probe --make-model)"
+    )
+    parser.add_argument("--work", type=Path, required=True, help="a folder for the per-sync byte reports")
+    parser.add_argument("--out", type=Path, required=True, help="each rank writes OUT.rank<r>.json")
+    parser.add_argument("--bf16", action="store_true", help="the engine in bf16 (default fp32, as the probe)")
+    args = parser.parse_args()
+    probe = load_probe()
+    for key, value in probe.CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    import torch
+
+    torch.set_num_threads(1)
+    args.work.mkdir(parents=True, exist_ok=True)
+    result = run(args)
+    Path(f"{args.out}.rank{result['rank']}.json").write_text(json.dumps(result, indent=1, default=str))
+    print("RESHARD091 " + json.dumps({k: result[k] for k in ("rank", "world", "num_experts")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Patch ds-0206 (routed experts of verl 0.9.1's Megatron engine export by AlltoAllV) and its adapter.
+
+Three layers:
+
+- form (CI tier): the patch applies and reverts byte-exact on the real verl 0.9.1 sdist on top of the Qwen 0.9.1
+  series' shared ports (the DeepSeek 0.9.1 series does not exist yet) and on top of the CPU overlay as well; the
+  patched files compile; the patched RolloutConfig refuses a mode it does not know;
+- the adapter's pure logic (CI tier): the split of the bridge's conversion tasks, local expert ids, HF names and the
+  gate/up chunking, the early fallbacks, on objects shaped like Megatron-Bridge 0.3.1's tasks (the real tasks run
+  in the full tier);
+- behaviour (full tier): moe_reshard_export_091.py on 2 gloo ranks, the real MegatronEngine on a tiny DeepSeek-V3
+  at EP=2, exporting through the real Megatron-Bridge 0.3.1: the AlltoAllV export against the bridge's all-gather
+  export in the same run (names kept, bit-equality, bytes against the planner, the collectives' buffer bytes), a
+  rollout that keeps the other block, and two negative controls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import py_compile
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ascend_rl import manifest, overlay
+from llm_rl.deepseek_r1.verl_modules import expert_reshard as er
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = "0.9.1"
+PATCH = REPO / "llm_rl" / "deepseek_r1" / "patches" / "ds-0206-moe-reshard-weight-sync-091.patch"
+DRIVER = Path(__file__).with_name("moe_reshard_export_091.py")
+PROBE = REPO / "scripts" / "probes" / "megatron_091_cpu.py"
+
+
+def _series(with_cpu: bool = False, with_patch: bool = True):
+    recipe = manifest.load_recipe("qwen2_5", BASE)
+    if with_cpu:
+        recipe = manifest.with_overlay(recipe, "cpu")
+    return replace(recipe, series=(*recipe.series, *([PATCH] if with_patch else [])))
+
+
+def tree_hash(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- form (CI tier)
+
+
+@pytest.mark.parametrize("with_cpu", [False, True], ids=["qwen-0.9.1-series", "with-cpu-overlay"])
+def test_patch_applies_and_reverts_byte_exact_on_the_091_sdist(with_cpu, base_tree):
+    tree = base_tree(BASE)
+    overlay.apply_series(_series(with_cpu, with_patch=False), tree)
+    before = tree_hash(tree)
+    recipe = _series(with_cpu)
+    assert [s.state for s in overlay.series_status(recipe, tree)][-1] == "applicable"
+    overlay.apply_series(recipe, tree)
+    assert [s.state for s in overlay.series_status(recipe, tree)] == ["applied"] * len(recipe.series)
+    after = tree_hash(tree)
+    changed = sorted(k for k in after if before.get(k) != after[k])
+    assert changed == sorted(
+        [
+            "verl/trainer/config/_generated_ppo_megatron_trainer.yaml",
+            "verl/trainer/config/_generated_ppo_torchtitan_trainer.yaml",
+            "verl/trainer/config/_generated_ppo_trainer.yaml",
+            "verl/trainer/config/_generated_ppo_veomni_trainer.yaml",
+            "verl/trainer/config/rollout/rollout.yaml",
+            "verl/utils/megatron/expert_reshard.py",
+            "verl/utils/megatron/moe_reshard.py",
+            "verl/workers/config/rollout.py",
+            "verl/workers/engine/megatron/transformer_impl.py",
+            "verl/workers/engine_workers.py",
+        ]
+    )
+    # the installed modules are this repository's files, byte for byte
+    assert after["verl/utils/megatron/moe_reshard.py"] == (REPO / "ascend_rl" / "moe_reshard.py").read_bytes()
+    assert (
+        after["verl/utils/megatron/expert_reshard.py"]
+        == (REPO / "llm_rl" / "deepseek_r1" / "verl_modules" / "expert_reshard.py").read_bytes()
+    )
+    for rel in changed:
+        if rel.endswith(".py"):
+            py_compile.compile(str(tree / rel), doraise=True, cfile=str(tree / (rel + ".pyc-check")))
+            (tree / (rel + ".pyc-check")).unlink()
+    # every generated config lists the key once, under actor_rollout_ref.rollout, with the default
+    for rel in changed:
+        if "_generated_" in rel:
+            assert after[rel].count(b"\n    expert_reshard: allgather\n") == 1, rel
+    overlay.apply_series(recipe, tree)  # a second apply changes nothing
+    assert tree_hash(tree) == after
+    overlay.revert_series(replace(recipe, series=(PATCH,)), tree)
+    assert tree_hash(tree) == before
+
+
+def test_the_engine_hunk_passes_the_rollout_config_only_on_the_colocated_path(base_tree):
+    tree = base_tree(BASE)
+    overlay.apply_series(_series(), tree)
+    workers = (tree / "verl/workers/engine_workers.py").read_text()
+    assert workers.count("rollout_config=self.config.rollout") == 1
+    # the disaggregated path (checkpoint engine other than naive) keeps the bridge's export
+    assert "per_tensor_param, _ = self.actor.engine.get_per_tensor_param()\n" in workers
+    engine = (tree / "verl/workers/engine/megatron/transformer_impl.py").read_text()
+    assert "def get_per_tensor_param(self, base_sync_done=False, rollout_config=None, **kwargs):" in engine
+    assert "export_hf_weights_alltoallv(self, per_tensor_param, rollout_config)" in engine
+
+
+def test_the_patched_rollout_config_refuses_an_unknown_mode(base_tree):
+    tree = base_tree(BASE)
+    overlay.apply_series(_series(), tree)
+    code = (
+        "from verl.workers.config import RolloutConfig\n"
+        "print(RolloutConfig(name='vllm').expert_reshard)\n"
+        "try:\n    RolloutConfig(name='vllm', expert_reshard='all2all')\n"
+        "except ValueError as exc:\n    print('refused', exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-2] == "allgather"
+    assert (
+        lines[-1].startswith("refused rollout.expert_reshard must be allgather") and "'all2all'" in lines[-1]
+    )
+
+
+# --------------------------------------------------------------------------- the adapter's pure logic (CI tier)
+# Shaped as Megatron-Bridge 0.3.1's WeightConversionTask and mappings (model_bridge.py:89, param_mapping.py): the
+# class names are what the adapter reads; is_expert / is_adapter as MegatronParamMapping defines them (:166).
+
+
+@dataclass
+class _Mapping:
+    megatron_param: str
+    hf_param: object
+
+    @property
+    def is_expert(self) -> bool:
+        return (
+            ".mlp.experts.linear_fc" in self.megatron_param
+            or ".mlp.experts.local_experts." in self.megatron_param
+        )
+
+    @property
+    def is_adapter(self) -> bool:
+        return ".adapter." in self.megatron_param
+
+
+class GatedMLPMapping(_Mapping):
+    pass
+
+
+class AutoMapping(_Mapping):
+    pass
+
+
+class QKVMapping(_Mapping):
+    pass
+
+
+def _task(mapping, weight=None):
+    return SimpleNamespace(mapping=mapping, param_weight=weight, global_param_name=mapping.megatron_param)
+
+
+def _fc1(g: int, layer: int = 1):
+    hf = f"model.layers.{layer}.mlp.experts.{g}."
+    return GatedMLPMapping(
+        f"decoder.layers.{layer}.mlp.experts.linear_fc1.weight{g}",
+        {"gate": hf + "gate_proj.weight", "up": hf + "up_proj.weight"},
+    )
+
+
+def _fc2(g: int, layer: int = 1):
+    return AutoMapping(
+        f"decoder.layers.{layer}.mlp.experts.linear_fc2.weight{g}",
+        f"model.layers.{layer}.mlp.experts.{g}.down_proj.weight",
+    )
+
+
+def test_split_keeps_the_bridge_order_and_leaves_shared_experts_and_adapters_out():
+    tasks = [
+        _task(
+            AutoMapping("decoder.layers.1.input_layernorm.weight", "model.layers.1.input_layernorm.weight")
+        ),
+        _task(_fc1(4)),
+        _task(AutoMapping("decoder.layers.1.mlp.shared_experts.linear_fc2.weight", "x")),
+        _task(_fc2(4)),
+        _task(AutoMapping("decoder.layers.1.mlp.experts.linear_fc1.adapter.linear_in.weight", "y")),
+        _task(_fc1(5)),
+    ]
+    experts, rest = er.split_conversion_tasks(tasks)
+    assert experts == [tasks[1], tasks[3], tasks[5]]
+    assert rest == [tasks[0], tasks[2], tasks[4]]
+
+
+def test_local_expert_id_and_signature_agree_across_ep_ranks():
+    # E = 8 over EP 2: EP rank 0 holds 0..3, EP rank 1 holds 4..7; task names carry the global id
+    assert [er.local_expert_id(_task(_fc1(g)), 4) for g in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert er.expert_signature(_task(_fc1(1)), 4) == er.expert_signature(_task(_fc1(5)), 4)
+    assert er.expert_signature(_task(_fc1(1)), 4) == "decoder.layers.1.mlp.experts.linear_fc1.weight<1>"
+    assert er.expert_signature(_task(_fc1(1)), 4) != er.expert_signature(_task(_fc2(1)), 4)
+    bias = AutoMapping("decoder.layers.1.mlp.experts.linear_fc2.bias6", "b")
+    assert er.local_expert_id(_task(bias), 4) == 2
+
+
+def test_hf_templates_by_mapping_kind():
+    assert er.hf_templates(_fc1(5)) == (
+        "model.layers.1.mlp.experts.5.gate_proj.weight",
+        "model.layers.1.mlp.experts.5.up_proj.weight",
+    )
+    assert er.hf_templates(_fc2(5)) == ("model.layers.1.mlp.experts.5.down_proj.weight",)
+    # a mapping whose conversion the adapter does not reproduce
+    assert (
+        er.hf_templates(QKVMapping("decoder.layers.1.mlp.experts.linear_fc1.weight0", {"q": "a", "k": "b"}))
+        is None
+    )
+    assert er.hf_templates(GatedMLPMapping("x", {"gate": "a"})) is None
+
+
+def test_hf_pieces_rename_and_chunk_as_the_bridge_does():
+    fused = torch.arange(24.0).reshape(6, 4)  # [gate; up] along dim 0, as GatedMLPMapping's megatron weight
+    pieces = er.hf_pieces(er.hf_templates(_fc1(1)), 6, fused)
+    gate, up = torch.chunk(fused, 2, dim=0)  # param_mapping.py:2053
+    assert [name for name, _ in pieces] == [
+        "model.layers.1.mlp.experts.6.gate_proj.weight",
+        "model.layers.1.mlp.experts.6.up_proj.weight",
+    ]
+    assert torch.equal(pieces[0][1], gate) and torch.equal(pieces[1][1], up)
+    ((name, tensor),) = er.hf_pieces(er.hf_templates(_fc2(1)), 3, fused)
+    assert name == "model.layers.1.mlp.experts.3.down_proj.weight" and tensor is fused
+
+
+def _engine(**kw):
+    fields = {"vanilla_bridge": False, "peft_cls": None, "_qat_enabled": False, "tasks": []}
+    fields.update(kw)
+    engine = SimpleNamespace(**fields)
+    engine._mbridge_export_tasks = lambda: engine.tasks
+    return engine
+
+
+def _rollout(mode="alltoallv", **kw):
+    return {
+        "expert_reshard": mode,
+        "tensor_model_parallel_size": 1,
+        "data_parallel_size": 2,
+        "expert_parallel_size": 2,
+        **kw,
+    }
+
+
+@pytest.mark.parametrize(
+    "engine,rollout,reason",
+    [
+        (_engine(vanilla_bridge=True), _rollout(), "mbridge's"),
+        (_engine(peft_cls=object), _rollout(), "LoRA"),
+        (_engine(_qat_enabled=True), _rollout(), "QAT"),
+        (_engine(tasks=None), _rollout(), "FP8"),
+        (_engine(tasks=[]), _rollout(), "no routed expert"),
+        (
+            _engine(tasks=[_task(QKVMapping("decoder.layers.1.mlp.experts.linear_fc1.weight0", {"q": "a"}))]),
+            _rollout(),
+            "QKVMapping",
+        ),
+        (_engine(), _rollout(pipeline_model_parallel_size=2), "pipeline-parallel"),
+    ],
+    ids=["mbridge", "lora", "qat", "fp8", "no-experts", "unknown-mapping", "rollout-pp"],
+)
+def test_early_fallbacks_hand_back_the_bridges_export_with_one_log_line(engine, rollout, reason, caplog):
+    default = object()
+    with caplog.at_level(logging.WARNING, logger=er.logger.name):
+        assert er.export_hf_weights_alltoallv(engine, default, rollout) is default
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "fall back to the EP all-gather" in lines[0] and reason in lines[0], lines
+
+
+def test_allgather_is_the_bridges_export_and_an_unknown_mode_is_refused(caplog):
+    default = object()
+    with caplog.at_level(logging.WARNING, logger=er.logger.name):
+        assert er.export_hf_weights_alltoallv(_engine(), default, _rollout("allgather")) is default
+    assert caplog.records == []
+    with pytest.raises(ValueError, match="must be allgather or alltoallv"):
+        er.export_hf_weights_alltoallv(_engine(), default, _rollout("all2all"))
+
+
+# --------------------------------------------------------------------------- behaviour (full tier)
+
+
+def _has_megatron(python: Path) -> str:
+    code = (
+        "import importlib.util as u; print(all(u.find_spec(m) for m in ('megatron.core', 'megatron.bridge')))"
+    )
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def reshard_run(e2e_python_091, pristine_base, tmp_path_factory) -> dict[int, dict]:
+    """moe_reshard_export_091.py on 2 gloo ranks; each rank's JSON. The Python is the 0.9.1 e2e environment when it
+    carries megatron-core and Megatron-Bridge (step 2 of the plan), else $RESHARD091_PYTHON (the probe's venv)."""
+    python = Path(os.environ.get("RESHARD091_PYTHON", "") or e2e_python_091)
+    if _has_megatron(python) != "True":
+        pytest.skip(
+            f"{python} has no megatron-core / Megatron-Bridge: the 0.9.1 e2e environment gains them with the Megatron "
+            "engine on CPU (issue 46 step 2); RESHARD091_PYTHON names another (scripts/probes/megatron_091_cpu.py)"
+        )
+    from patched_tree import free_port, patched_copy
+
+    work = tmp_path_factory.mktemp("reshard091")
+    tree = patched_copy(pristine_base(BASE), work / "verl-tree", _series(with_cpu=True))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tree)]), "CUDA_VISIBLE_DEVICES": ""}
+    model = work / "model"
+    subprocess.run(
+        [str(python), str(PROBE), "--make-model", "--model", str(model)],
+        env=env,
+        check=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    proc = subprocess.run(
+        [
+            str(python), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+            str(DRIVER), "--tree", str(tree), "--model", str(model), "--work", str(work / "reports"),
+            "--out", str(work / "out"),
+        ],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = {r: json.loads((work / f"out.rank{r}.json").read_text()) for r in range(2)}
+    print("ds-0206 on 2 gloo ranks:", json.dumps(results, indent=1))
+    return results
+
+
+RANKS = [0, 1]
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", RANKS)
+def test_rollout_ep2_each_rank_yields_exactly_its_block_bit_equal_without_collectives(reshard_run, rank):
+    run = reshard_run[rank]
+    assert run["world"] == 2 and run["num_experts"] == 8 and run["config_refuses_bogus"]
+    got = run["alltoallv_ep2"]
+    assert got["expert_names"] == run["allgather"]["kept_names"] == 12  # 4 experts x gate, up, down
+    assert got["expert_names_equal_kept"] and got["experts_bit_equal"] and got["others_equal"]
+    # the rollout keeps the block the rank trains: every expert is a local copy, the plan and the meter say 0
+    assert got["plan"] == {"recv": 0, "sent": 0}
+    assert [(r["recv_bytes"], r["plan_recv_bytes"], r["sent_bytes"]) for r in got["report"]] == [(0, 0, 0)]
+    assert got["collective_bytes"] == 0 and got["collective_calls"] == 0
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", RANKS)
+def test_the_allgather_export_materialises_every_expert_beside_it(reshard_run, rank):
+    run = reshard_run[rank]
+    gathered = run["allgather"]
+    per_expert = sum(run["expert_tensor_bytes"].values())  # gate + up + down of one expert
+    assert gathered["expert_names"] == 24  # every expert of the MoE layer on every rank
+    # one all_gather over EP per (parameter, local expert id), gate and up apart: 4 x 3 calls, each output holds
+    # both ranks' experts, i.e. every expert once
+    assert gathered["by_op"] == {"all_gather": 8 * per_expert} and gathered["collective_calls"] == 12
+    assert gathered["collective_peak_bytes"] > 0 == run["alltoallv_ep2"]["collective_peak_bytes"]
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", RANKS)
+def test_rollout_without_ep_receives_the_other_block_by_alltoallv_with_the_planners_bytes(reshard_run, rank):
+    run = reshard_run[rank]
+    got = run["alltoallv_ep1"]
+    per_expert = sum(run["expert_tensor_bytes"].values())
+    assert got["expert_names"] == 24 and got["expert_names_equal_kept"]
+    assert got["experts_bit_equal"] and got["others_equal"]
+    assert got["plan"] == {"recv": 4 * per_expert, "sent": 4 * per_expert}
+    (report,) = got["report"]
+    assert (report["recv_bytes"], report["sent_bytes"]) == (got["plan"]["recv"], got["plan"]["sent"])
+    assert (report["plan_recv_bytes"], report["plan_sent_bytes"]) == (
+        got["plan"]["recv"],
+        got["plan"]["sent"],
+    )
+    assert got["by_op"] == {"all_to_all_single": 8 * per_expert} and got["collective_calls"] == 8
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", RANKS)
+def test_a_rollout_keeping_the_other_block_gets_it_and_fails_against_the_real_map(reshard_run, rank):
+    run = reshard_run[rank]
+    per_expert = sum(run["expert_tensor_bytes"].values())
+    swapped = run["swapped_blocks"]
+    assert (
+        swapped["expert_names"] == 12 and swapped["expert_names_equal_kept"] and swapped["experts_bit_equal"]
+    )
+    assert swapped["plan"] == {"recv": 4 * per_expert, "sent": 4 * per_expert}
+    (report,) = swapped["report"]
+    assert (report["recv_bytes"], report["sent_bytes"]) == (4 * per_expert, 4 * per_expert)
+    # negative control: the same export against the real block map (rank r keeps block r)
+    control = run["swapped_blocks_against_the_real_map"]
+    assert not control["expert_names_equal_kept"] and control["missing_kept"] and control["extra"]
+    assert control["plan"]["recv"] == 0 != report["recv_bytes"]
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", RANKS)
+def test_negative_control_a_wrong_local_expert_index_breaks_bit_equality(reshard_run, rank):
+    control = reshard_run[rank]["wrong_local_id"]
+    assert control["expert_names_equal_kept"] and control["others_equal"]
+    assert not control["experts_bit_equal"] and control["experts_unequal"]
+
+
+@pytest.mark.full
+@pytest.mark.slow
+def test_mbridge_falls_back_to_the_engines_own_export(reshard_run):
+    assert [reshard_run[r]["fallback_is_default"] for r in RANKS] == ["DEFAULT", "DEFAULT"]
