@@ -335,18 +335,27 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     return dest
 
 
-# The DeepSeek recipe's Megatron side on CPU: megatron-core and mbridge at the constraints.txt pins, installed
-# --no-deps (their other requirements are the e2e environment's already; TransformerEngine, which megatron-core
-# would use on CUDA, cannot be had on CPU) into a folder of the download cache that the CPU path puts on
-# PYTHONPATH. A folder of its own, not the e2e environment, so that the shared environment (and its hash, which
-# CI rebuilds on) stays as it is. Bump the layout number when what is installed here changes.
+# The DeepSeek recipe's Megatron side on CPU: megatron-core and its bridge at a stack's pins, installed --no-deps
+# (their other requirements are the e2e environment's already; TransformerEngine, which megatron-core would use
+# on CUDA, cannot be had on CPU) into a folder of the download cache that the CPU path puts on PYTHONPATH. A folder
+# of its own, not the e2e environment, so that the shared environment (and its hash, which CI rebuilds on) stays as
+# it is, and the Qwen path (FSDP) finds no megatron to import. One stack per verl base: constraints.txt's
+# megatron-core 0.12.1 and mbridge for 0.6.0 / 0.7.1 (Python 3.11), constraints-0.9.1.txt's megatron-core 0.16
+# and Megatron-Bridge for 0.9.1 (Python 3.12; its engine's default bridge, whose declared transformers<5 is why it
+# goes in --no-deps). Bump the layout number when what is installed here changes.
 MEGATRON_PACKAGES = ("megatron-core", "mbridge")
+MEGATRON_STACKS = {
+    None: (CONSTRAINTS, MEGATRON_PACKAGES),
+    "0.9.1": (REPO / "constraints-0.9.1.txt", ("megatron-core", "megatron-bridge")),
+}
 _MEGATRON_LAYOUT = 1
 
 
-def megatron_packages(python: Path) -> Path:
-    """The folder holding megatron-core and mbridge for `python` (built on a miss; stamped when complete)."""
-    pins = [f"{name}=={pinned(name)}" for name in MEGATRON_PACKAGES]
+def megatron_packages(python: Path, base: str | None = None) -> Path:
+    """The folder holding `base`'s Megatron packages (megatron-core and its bridge; MEGATRON_STACKS) for `python`
+    (built on a miss; stamped when complete). `base` None: the 0.6.0 / 0.7.1 stack."""
+    constraints, names = MEGATRON_STACKS[base]
+    pins = [f"{name}=={pinned(name, constraints)}" for name in names]
     tag = subprocess.run(
         [str(python), "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
         capture_output=True,

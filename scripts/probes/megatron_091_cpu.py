@@ -10,8 +10,14 @@ with megatron-core 0.16.x, megatron-bridge 0.3.1 and mbridge 0.15.1 installed --
     python3.12 -m venv /tmp/probe46
     echo "import site; site.addsitedir('$(readlink -f .venv-e2e-091)/lib/python3.12/site-packages')" \
         > /tmp/probe46/lib/python3.12/site-packages/zz_e2e091.pth
-    /tmp/probe46/bin/pip install --no-deps "megatron-core==0.16.*" megatron-bridge==0.3.1 \
-        "$(grep '^mbridge==' constraints.txt)"    # mbridge 0.15.1, constraints.txt's pin
+    /tmp/probe46/bin/pip install --no-deps "$(grep '^megatron-core==' constraints-0.9.1.txt)" \
+        "$(grep '^megatron-bridge==' constraints-0.9.1.txt)" \
+        "$(grep '^mbridge==' constraints.txt)"    # constraints-0.9.1.txt's and constraints.txt's pins
+
+The overlay now does what the --fix workarounds did (patches/cpu/cpu-0016, cpu-0017; docs/deepseek-0.9.1.md
+section 5): on a tree made with it they are not needed, and the Megatron-Bridge path runs without any; the check
+that runs it is tests/harness/test_megatron_engine_091.py. The folder artifacts.megatron_packages(python, "0.9.1")
+builds holds the same packages without mbridge.
 
 The tree is `overlay apply qwen2_5 --base 0.9.1 --with cpu`'s (cpu-0014's platform); the model a
 `ascend_rl.tiny.deepseek_v3.make_checkpoint` (--make-model writes one, with a random router bias). Two

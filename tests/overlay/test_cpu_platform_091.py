@@ -1,4 +1,4 @@
-"""verl 0.9.1's CPU overlay (cpu-0014 and the 0.7.1 entries it carries) on the real 0.9.1 sdist.
+"""verl 0.9.1's CPU overlay (cpu-0014, cpu-0016, cpu-0017 and the 0.7.1 entries it carries) on the real 0.9.1 sdist.
 
 The overlay is applied to a copy of the sdist with the overlay tool, then verl is imported in a child process with
 the environment the recipe gives a CPU launch on 0.9.1 (recipe.toml's [bases."0.9.1"] cpu_env): the platform verl
@@ -79,7 +79,7 @@ def cpu_tree_091(pristine_base, tmp_path_factory) -> Path:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "applied 10 of 10 patches" in proc.stdout, proc.stdout
+    assert "applied 12 of 12 patches" in proc.stdout, proc.stdout
     return tree
 
 
@@ -136,3 +136,67 @@ def test_without_the_plugin_hook_verl_0_9_1_falls_back_to_a_card(cpu_tree_091: P
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "PLATFORM PlatformCUDA" in proc.stdout, proc.stdout[-2000:]
+
+
+# The Qwen recipe's path on the shared 0.9.1 CPU series: its trainer's engine workers and the FSDP engine. The verl
+# tree carries cpu-0016 / cpu-0017 (the Megatron engine on CPU) too; the run must import none of it.
+FSDP_PATH = r"""
+import json, sys
+import verl  # noqa: F401
+import verl.workers.engine_workers  # noqa: F401  (TrainingWorker: what the Qwen 0.9.1 run's actor is)
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+out = {
+    "fsdp_engine": EngineRegistry._engines["language_model"]["fsdp"]["cuda"] is FSDPEngineWithLMHead,
+    "megatron_modules": sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "transformer_engine")),
+    "overlay_megatron_modules": sorted(
+        m for m in ("verl.utils.megatron.cpu_compat", "verl.models.mcore.bridge", "verl.utils.megatron_utils")
+        if m in sys.modules
+    ),
+}
+print("FSDP " + json.dumps(out))
+"""
+
+
+def fsdp_path(tree: Path, pythonpath: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    env.update(cpu_env(), PYTHONPATH=pythonpath)
+    proc = subprocess.run(
+        [sys.executable, "-c", FSDP_PATH],
+        cwd=tree.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("FSDP ")), None)
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(line[len("FSDP ") :])
+
+
+def test_the_qwen_fsdp_path_imports_no_megatron_from_the_shared_cpu_series(cpu_tree_091: Path) -> None:
+    """cpu-0016 / cpu-0017 are in the tree (the series is shared), yet the FSDP path imports neither megatron nor
+    the overlay's Megatron modules: the Qwen environment has no megatron (the DeepSeek CPU path adds its own folder,
+    artifacts.megatron_packages), and verl's engine registry then skips the Megatron engine."""
+    import importlib.util
+
+    assert (cpu_tree_091 / "verl" / "utils" / "megatron" / "cpu_compat.py").is_file()
+    assert importlib.util.find_spec("megatron") is None, "the tool environment must be without megatron"
+    got = fsdp_path(cpu_tree_091, str(cpu_tree_091))
+    assert got["fsdp_engine"]
+    assert got["megatron_modules"] == [] and got["overlay_megatron_modules"] == [], got
+
+
+@pytest.mark.slow
+def test_with_megatron_importable_the_same_imports_reach_it(cpu_tree_091: Path) -> None:
+    """The control: with the 0.9.1 Megatron packages on the path (as the DeepSeek CPU path puts them), the same
+    imports load megatron, so the check above can fail; what keeps the Qwen path clean is its environment."""
+    from ascend_rl import artifacts
+    from ci_policy import get_artifact
+
+    packages = get_artifact(
+        "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, Path(sys.executable), "0.9.1"
+    )
+    got = fsdp_path(cpu_tree_091, f"{cpu_tree_091}{os.pathsep}{packages}")
+    assert "megatron" in got["megatron_modules"], got

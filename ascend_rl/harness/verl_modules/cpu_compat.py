@@ -11,9 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""megatron-core 0.12.1 on a machine with neither CUDA nor an NPU (CPU overlay of ascend-rl-recipes only).
+"""megatron-core (0.12.1, 0.16) on a machine with neither CUDA nor an NPU (CPU overlay of ascend-rl-recipes only).
 
-This module exists only in trees built with `overlay.py apply <recipe> --with cpu` (patch cpu-0005); no
+This module exists only in trees built with `overlay.py apply <recipe> --with cpu` (patches cpu-0005, cpu-0011 on
+verl 0.6.0 / 0.7.1 with megatron-core 0.12.1; cpu-0016 on verl 0.9.1 with megatron-core 0.16 and Megatron-Bridge); no
 recipe series carries it and no launcher applies it on an accelerator host. apply() does nothing unless
 verl's device is "cpu" (verl.utils.device.get_device_name(): no CUDA and no torch_npu), so even a tree
 with the overlay is untouched on an NPU or GPU.
@@ -42,6 +43,20 @@ What megatron-core 0.12.1 assumes that a CPU process lacks, and what apply() giv
   SDPACoreAttention below instead.
 TransformerEngine itself is not installed on CPU: verl's model initializers ask use_transformer_engine(),
 and verl's weight export names SequentialMLP's experts as grouped ones (grouped_expert_name).
+
+What megatron-core 0.16 changes (verl 0.9.1's engine, whose model Megatron-Bridge builds):
+- the FP8 step no longer raises without TE when no parameter is FP8 (fp8_utils.py:465): no stub;
+- the local layer spec takes its core attention from models/backends.py (LocalSpecProvider.core_attention), not
+  from gpt_layer_specs: SDPACoreAttention goes there (MLA still passes k_channels, the THD input still comes);
+- MultiLatentAttention sets HAVE_TE True without TE (its import of megatron.core.extensions.transformer_engine
+  succeeds with a MagicMock te) and then asks isinstance(..., TELinear) of a None: False, as it is;
+- moe_utils reads te_general_gemm, which it defines only when TE imports (the router's first forward): None;
+- the alltoall dispatcher synchronizes on the event its DtoH stream records: an inert event.
+import_megatron_bridge() imports Megatron-Bridge 0.3.1, which imports transformer_engine.pytorch at module scope
+(peft/lora_layers.py, peft/lora.py), under a stub of TE for that import only, then resets the HAVE_TE flags the
+bridge computed under it (the DeepSeek bridges pick their layer spec by it), and lets the bridge's mappings name
+SequentialMLP's experts (grouped_expert_name before its local-to-global renaming: its DeepSeek mapping and its EP
+gather know the grouped names only). checkpoints_on_cpu() is what a Megatron checkpoint needs on CPU (cpu-0017).
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ import contextlib
 import functools
 import importlib
 import re
+import sys
 import types
 
 import torch
@@ -78,9 +94,21 @@ def apply() -> None:
     _cuda_placements_on_cpu()
     _inert_streams()
     _split_sizes_as_asked()
-    _no_fp8_no_quantize()
-    _local_core_attention()
+    if megatron_core_version() >= (0, 16):
+        _core_attention_backend()
+        _megatron_core_016_without_te()
+    else:
+        _no_fp8_no_quantize()
+        _local_core_attention()
     _applied = True
+
+
+def megatron_core_version() -> tuple[int, int]:
+    """(major, minor) of the installed megatron-core."""
+    from megatron.core.package_info import __version__
+
+    major, minor = __version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
@@ -209,10 +237,12 @@ class _InertStream:
         pass
 
     def record_event(self, event=None):
-        return event
+        return event if event is not None else _INERT_EVENT
 
 
 _CURRENT_STREAM = _InertStream()
+# what an inert stream records (megatron-core 0.16's alltoall dispatcher synchronizes on it)
+_INERT_EVENT = types.SimpleNamespace(synchronize=lambda: None, wait=lambda *args: None, query=lambda: True)
 
 
 def _inert_streams() -> None:
@@ -264,6 +294,153 @@ def _local_core_attention() -> None:
     from megatron.core.models.gpt import gpt_layer_specs
 
     gpt_layer_specs.DotProductAttention = _sdpa_core_attention_class()
+
+
+def _core_attention_backend() -> None:
+    """megatron-core 0.16: the local spec's core attention is LocalSpecProvider.core_attention()'s, the
+    DotProductAttention of models/backends.py."""
+    from megatron.core.models import backends
+
+    backends.DotProductAttention = _sdpa_core_attention_class()
+
+
+def _megatron_core_016_without_te() -> None:
+    """megatron-core 0.16 upstream bugs without TransformerEngine: MLA believes TE is there (HAVE_TE True from an
+    import that succeeds with a MagicMock te; then isinstance(self.linear_proj, TELinear) with TELinear None), and
+    the router reads te_general_gemm, defined only when TE imports."""
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    multi_latent_attention.HAVE_TE = False
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+# --- Megatron-Bridge (verl 0.9.1) -------------------------------------------------------------------------------
+
+_TE_MODULES = ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.ops")
+
+
+class _AbsentTE:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("transformer_engine is a stub on this machine (CPU overlay)")
+
+
+def _absent(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (_AbsentTE,), {})
+
+
+def import_megatron_bridge() -> None:
+    """Import Megatron-Bridge (megatron.bridge). On CPU: megatron-core first (it decides it has no TE, its layer
+    specs the local ones), then the bridge with transformer_engine stubbed for that import only (its peft modules
+    import transformer_engine.pytorch at module scope; nothing calls into it without TE), the HAVE_TE flags the
+    bridge's modules computed under the stub set back to False, and SequentialMLP's expert names given to its
+    mappings. Elsewhere a plain import."""
+    if not on_cpu():
+        importlib.import_module("megatron.bridge")
+        return
+    if "megatron.bridge" not in sys.modules:
+        for name in (
+            "megatron.core",
+            "megatron.core.extensions.transformer_engine",
+            "megatron.core.models.gpt.gpt_layer_specs",
+            "megatron.core.transformer.multi_latent_attention",
+        ):
+            importlib.import_module(name)
+        if any(name in sys.modules for name in _TE_MODULES):  # a TE module already there: not ours to stub
+            importlib.import_module("megatron.bridge")
+        else:
+            _import_bridge_under_te_stub()
+    _bridge_names_local_experts()
+
+
+def _import_bridge_under_te_stub() -> None:
+    stubs = {name: types.ModuleType(name) for name in _TE_MODULES}
+    stubs["transformer_engine.pytorch"].__getattr__ = _absent
+    stubs["transformer_engine.pytorch.ops"].__getattr__ = _absent
+    stubs["transformer_engine"].pytorch = stubs["transformer_engine.pytorch"]
+    stubs["transformer_engine.pytorch"].ops = stubs["transformer_engine.pytorch.ops"]
+    sys.modules.update(stubs)
+    try:
+        importlib.import_module("megatron.bridge")
+        importlib.import_module("megatron.bridge.models.deepseek.deepseek_v3_bridge")
+    finally:
+        for name in _TE_MODULES:
+            sys.modules.pop(name, None)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megatron.bridge") and getattr(module, "HAVE_TE", False) is True:
+            module.HAVE_TE = False
+
+
+def _bridge_names_local_experts() -> None:
+    """Megatron-Bridge maps routed experts under the grouped names only (its DeepSeek mapping
+    `decoder.layers.*.mlp.experts.linear_fc1.weight*`; the local-to-global expert renumbering and the export's EP
+    gather read the expert id after `.weight`): SequentialMLP's `local_experts.<L>.linear_fcK.weight` is renamed
+    to `linear_fcK.weight<L>` before that renaming, which then numbers it globally as a grouped expert."""
+    from megatron.bridge.models.conversion import model_bridge
+
+    local_to_global = model_bridge._megatron_local_name_to_global
+    if getattr(local_to_global, "_recipes_local_experts", False):
+        return
+
+    @functools.wraps(local_to_global)
+    def named_as_grouped(models, config, param_name, *args, **kwargs):
+        return local_to_global(models, config, grouped_expert_name(param_name), *args, **kwargs)
+
+    named_as_grouped._recipes_local_experts = True
+    model_bridge._megatron_local_name_to_global = named_as_grouped
+
+
+# --- Megatron checkpoints (verl 0.9.1, megatron-core 0.16) ------------------------------------------------------
+
+_checkpoints_applied = False
+
+
+def checkpoints_on_cpu() -> None:
+    """What megatron-core 0.16's dist_checkpointing and distributed optimizer need to save and load on CPU;
+    idempotent, a no-op on an accelerator:
+    - the save's preload waits with torch.cuda.synchronize() (filesystem_async.py:230), which raises without a
+      driver; CPU kernels have finished when they return: a no-op;
+    - the load copies each loaded state in place into the optimizer's (DistributedOptimizer.
+      _set_main_param_and_optimizer_states, `dst_tensors[key].copy_(...)`), and with fp32 parameters (the CPU
+      check's dtype, no separate main copy) the destination is a leaf that requires grad: the copy under no_grad;
+    - DistributedOptimizer.state_dict asserts one 'step' among torch AdamW's states (no apex, no TE), which hold
+      none before the first step (a load into a fresh optimizer asks for it): zero states first, which the load
+      overwrites."""
+    global _checkpoints_applied
+    if _checkpoints_applied or not on_cpu():
+        return
+    from megatron.core.optimizer import distrib_optimizer
+
+    torch.cuda.synchronize = lambda device=None: None
+    optimizer = distrib_optimizer.DistributedOptimizer
+    set_states = optimizer._set_main_param_and_optimizer_states
+
+    @functools.wraps(set_states)
+    def set_states_no_grad(self, *args, **kwargs):
+        with torch.no_grad():
+            return set_states(self, *args, **kwargs)
+
+    optimizer._set_main_param_and_optimizer_states = set_states_no_grad
+    if not distrib_optimizer.HAVE_APEX_OR_TE:
+        state_dict = optimizer.state_dict
+
+        @functools.wraps(state_dict)
+        def state_before_first_step(self):
+            if len(self.optimizer.state) == 0:
+                for group in self.optimizer.param_groups:
+                    for param in group["params"]:
+                        self.optimizer.state[param] = {
+                            "step": torch.tensor(0.0),
+                            "exp_avg": torch.zeros_like(param.data),
+                            "exp_avg_sq": torch.zeros_like(param.data),
+                        }
+            return state_dict(self)
+
+        optimizer.state_dict = state_before_first_step
+    _checkpoints_applied = True
 
 
 _SDPA = None
