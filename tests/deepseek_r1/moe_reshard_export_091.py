@@ -23,12 +23,11 @@ each output tensor is tracked by a weakref finalizer, so `collective_peak_bytes`
 output bytes alive at one time while the consumer copies each yielded tensor and drops it (what the rollout's
 bucketed load does), and `collective_bytes` their total. Both are byte counts of tensors, not RSS.
 
-BORROWED FROM THE PROBE (scripts/probes/megatron_091_cpu.py), until the redone CPU overlay for the Megatron engine
-(issue 46 step 2, cpu-0016/0017) lands: the import of megatron.bridge under a transformer_engine stub, and its
-`bridge-all` monkeypatches (cpu_compat's megatron-core shims, the 0.16 core-attention / MLA / te_general_gemm /
-DtoH-event workarounds, the SequentialMLP expert names registered with the bridge), the fp32 engine config and the
-provider overrides. They are what the probe needed to run the engine on CPU; none of them touches the export path
-this driver measures beyond naming SequentialMLP's experts as the grouped ones (item 9 of the map's section 5).
+No monkeypatch of the engine: what the CPU needs is the overlay's (cpu-0014, cpu-0016, cpu-0017), the engine is
+built as tests/harness/megatron_engine_091_driver.py builds it (its build_engine: TrainingWorker's EngineRegistry.new,
+fp32, the DeepSeek CPU profile's override_transformer_config), in verl 0.9.1's e2e environment with the 0.9.1
+Megatron packages (artifacts.megatron_packages) on PYTHONPATH and the recipe's CPU launch environment. The only
+monkeypatches are this driver's own controls (the swapped block map, the shifted local id, mbridge's flag).
 """
 
 from __future__ import annotations
@@ -42,12 +41,13 @@ import weakref
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE = REPO / "scripts" / "probes" / "megatron_091_cpu.py"
+ENGINE_DRIVER = REPO / "tests" / "harness" / "megatron_engine_091_driver.py"
 EXPERT = ".mlp.experts."
 
 
-def load_probe():
-    spec = importlib.util.spec_from_file_location("megatron_091_cpu_probe", PROBE)
+def load_engine_driver():
+    """tests/harness/megatron_engine_091_driver.py, for its build_engine."""
+    spec = importlib.util.spec_from_file_location("megatron_engine_091_driver", ENGINE_DRIVER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -184,17 +184,9 @@ def run(args) -> dict:
 
     import torch.distributed as dist
 
-    probe = load_probe()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    probe.import_megatron_bridge()
-    for name in probe.GROUPS["bridge-all"]:
-        probe.FIXES[name]()
-    engine = probe.build_engine(
-        argparse.Namespace(
-            ep=world, bridge="megatron-bridge", model=args.model, offload=False, bf16=args.bf16
-        )
-    )
+    engine = load_engine_driver().build_engine(args.model, world)
     engine.initialize()
 
     import verl.utils.megatron.expert_reshard as adapter
@@ -316,15 +308,11 @@ def main() -> int:
         "--tree", required=True, help="the verl 0.9.1 tree (CPU overlay + ds-0206), on PYTHONPATH"
     )
     parser.add_argument(
-        "--model", type=Path, required=True, help="a tiny DeepSeek-V3 checkpoint (probe --make-model)"
+        "--model", type=Path, required=True, help="a tiny DeepSeek-V3 checkpoint (ascend_rl.tiny.deepseek_v3)"
     )
     parser.add_argument("--work", type=Path, required=True, help="a folder for the per-sync byte reports")
     parser.add_argument("--out", type=Path, required=True, help="each rank writes OUT.rank<r>.json")
-    parser.add_argument("--bf16", action="store_true", help="the engine in bf16 (default fp32, as the probe)")
     args = parser.parse_args()
-    probe = load_probe()
-    for key, value in probe.CPU_ENV.items():
-        os.environ.setdefault(key, value)
     import torch
 
     torch.set_num_threads(1)

@@ -29,14 +29,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ascend_rl import manifest, overlay
+from ascend_rl import artifacts, manifest, overlay
+from ci_policy import get_artifact
 from llm_rl.deepseek_r1.verl_modules import expert_reshard as er
+from patched_tree import free_port, patched_copy
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "0.9.1"
 PATCH = REPO / "llm_rl" / "deepseek_r1" / "patches" / "ds-0206-moe-reshard-weight-sync-091.patch"
 DRIVER = Path(__file__).with_name("moe_reshard_export_091.py")
-PROBE = REPO / "scripts" / "probes" / "megatron_091_cpu.py"
 
 
 def _series(with_cpu: bool = False, with_patch: bool = True):
@@ -290,44 +291,41 @@ def test_allgather_is_the_bridges_export_and_an_unknown_mode_is_refused(caplog):
 # --------------------------------------------------------------------------- behaviour (full tier)
 
 
-def _has_megatron(python: Path) -> str:
-    code = (
-        "import importlib.util as u; print(all(u.find_spec(m) for m in ('megatron.core', 'megatron.bridge')))"
+def make_tiny_deepseek(python: Path, out: Path) -> None:
+    """ascend_rl.tiny.deepseek_v3's checkpoint under `python` (transformers 5.5.4 in the 0.9.1 environment)."""
+    code = "import sys; from pathlib import Path; from ascend_rl.tiny.deepseek_v3 import make_checkpoint\n"
+    code += "make_checkpoint(Path(sys.argv[1]))\n"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [str(python), "-c", code, str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
-    return proc.stdout.strip()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def reshard_run(e2e_python_091, pristine_base, tmp_path_factory) -> dict[int, dict]:
-    """moe_reshard_export_091.py on 2 gloo ranks; each rank's JSON. The Python is the 0.9.1 e2e environment when it
-    carries megatron-core and Megatron-Bridge (step 2 of the plan), else $RESHARD091_PYTHON (the probe's venv)."""
-    python = Path(os.environ.get("RESHARD091_PYTHON", "") or e2e_python_091)
-    if _has_megatron(python) != "True":
-        pytest.skip(
-            f"{python} has no megatron-core / Megatron-Bridge: the 0.9.1 e2e environment gains them with the Megatron "
-            "engine on CPU (issue 46 step 2); RESHARD091_PYTHON names another (scripts/probes/megatron_091_cpu.py)"
-        )
-    from patched_tree import free_port, patched_copy
-
+    """moe_reshard_export_091.py on 2 gloo ranks in verl 0.9.1's e2e environment, the 0.9.1 Megatron packages on
+    PYTHONPATH (as tests/harness' engine run has them), the recipe's CPU launch environment; each rank's JSON."""
+    packages = get_artifact(
+        "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, e2e_python_091, "0.9.1"
+    )
     work = tmp_path_factory.mktemp("reshard091")
     tree = patched_copy(pristine_base(BASE), work / "verl-tree", _series(with_cpu=True))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tree)]), "CUDA_VISIBLE_DEVICES": ""}
     model = work / "model"
-    subprocess.run(
-        [str(python), str(PROBE), "--make-model", "--model", str(model)],
-        env=env,
-        check=True,
-        timeout=600,
-        cwd=REPO,
+    make_tiny_deepseek(e2e_python_091, model)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    env.update(manifest.resolve_launch("qwen2_5", BASE, profile="cpu").cpu_env)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(tree), str(packages)]), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""
     )
     proc = subprocess.run(
         [
-            str(python), "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+            str(e2e_python_091), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             str(DRIVER), "--tree", str(tree), "--model", str(model), "--work", str(work / "reports"),
             "--out", str(work / "out"),
         ],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=900,
+        env=env, cwd=work, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = {r: json.loads((work / f"out.rank{r}.json").read_text()) for r in range(2)}
