@@ -336,9 +336,17 @@ def reshard_run(e2e_python_091, pristine_base, tmp_path_factory) -> dict[int, di
 RANKS = [0, 1]
 
 
-@pytest.mark.full
-@pytest.mark.slow
-@pytest.mark.parametrize("rank", RANKS)
+def per_rank(test):
+    """Full tier (the run needs the 0.9.1 e2e environment and ~2 minutes), once per rank's figures."""
+    return pytest.mark.full(pytest.mark.slow(pytest.mark.parametrize("rank", RANKS)(test)))
+
+
+def expert_bytes(run: dict) -> int:
+    """One expert's gate + up + down bytes, from the shapes the bridge's export yielded."""
+    return sum(run["expert_tensor_bytes"].values())
+
+
+@per_rank
 def test_rollout_ep2_each_rank_yields_exactly_its_block_bit_equal_without_collectives(reshard_run, rank):
     run = reshard_run[rank]
     assert run["world"] == 2 and run["num_experts"] == 8 and run["config_refuses_bogus"]
@@ -351,13 +359,11 @@ def test_rollout_ep2_each_rank_yields_exactly_its_block_bit_equal_without_collec
     assert got["collective_bytes"] == 0 and got["collective_calls"] == 0
 
 
-@pytest.mark.full
-@pytest.mark.slow
-@pytest.mark.parametrize("rank", RANKS)
+@per_rank
 def test_the_allgather_export_materialises_every_expert_beside_it(reshard_run, rank):
     run = reshard_run[rank]
     gathered = run["allgather"]
-    per_expert = sum(run["expert_tensor_bytes"].values())  # gate + up + down of one expert
+    per_expert = expert_bytes(run)
     assert gathered["expert_names"] == 24  # every expert of the MoE layer on every rank
     # one all_gather over EP per (parameter, local expert id), gate and up apart: 4 x 3 calls, each output holds
     # both ranks' experts, i.e. every expert once
@@ -365,13 +371,11 @@ def test_the_allgather_export_materialises_every_expert_beside_it(reshard_run, r
     assert gathered["collective_peak_bytes"] > 0 == run["alltoallv_ep2"]["collective_peak_bytes"]
 
 
-@pytest.mark.full
-@pytest.mark.slow
-@pytest.mark.parametrize("rank", RANKS)
+@per_rank
 def test_rollout_without_ep_receives_the_other_block_by_alltoallv_with_the_planners_bytes(reshard_run, rank):
     run = reshard_run[rank]
     got = run["alltoallv_ep1"]
-    per_expert = sum(run["expert_tensor_bytes"].values())
+    per_expert = expert_bytes(run)
     assert got["expert_names"] == 24 and got["expert_names_equal_kept"]
     assert got["experts_bit_equal"] and got["others_equal"]
     assert got["plan"] == {"recv": 4 * per_expert, "sent": 4 * per_expert}
@@ -384,12 +388,10 @@ def test_rollout_without_ep_receives_the_other_block_by_alltoallv_with_the_plann
     assert got["by_op"] == {"all_to_all_single": 8 * per_expert} and got["collective_calls"] == 8
 
 
-@pytest.mark.full
-@pytest.mark.slow
-@pytest.mark.parametrize("rank", RANKS)
+@per_rank
 def test_a_rollout_keeping_the_other_block_gets_it_and_fails_against_the_real_map(reshard_run, rank):
     run = reshard_run[rank]
-    per_expert = sum(run["expert_tensor_bytes"].values())
+    per_expert = expert_bytes(run)
     swapped = run["swapped_blocks"]
     assert (
         swapped["expert_names"] == 12 and swapped["expert_names_equal_kept"] and swapped["experts_bit_equal"]
@@ -403,9 +405,7 @@ def test_a_rollout_keeping_the_other_block_gets_it_and_fails_against_the_real_ma
     assert control["plan"]["recv"] == 0 != report["recv_bytes"]
 
 
-@pytest.mark.full
-@pytest.mark.slow
-@pytest.mark.parametrize("rank", RANKS)
+@per_rank
 def test_negative_control_a_wrong_local_expert_index_breaks_bit_equality(reshard_run, rank):
     control = reshard_run[rank]["wrong_local_id"]
     assert control["expert_names_equal_kept"] and control["others_equal"]
