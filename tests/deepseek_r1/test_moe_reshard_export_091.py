@@ -288,6 +288,51 @@ def test_allgather_is_the_bridges_export_and_an_unknown_mode_is_refused(caplog):
         er.export_hf_weights_alltoallv(_engine(), default, _rollout("all2all"))
 
 
+def test_the_bridge_code_the_adapter_reproduces_is_the_pinned_wheels():
+    """What the adapter re-does instead of the bridge, read in the pinned Megatron-Bridge wheel (constraints-0.9.1.txt):
+    which tasks are experts, that expert mappings use the expert-TP group, the gate/up split of linear_fc1 and the
+    renaming of one expert's HF name to each EP rank's. A wheel whose lines differ fails here first."""
+    import zipfile
+
+    version = artifacts.pinned("megatron-bridge", REPO / "constraints-0.9.1.txt")
+    wheel = get_artifact(
+        f"megatron-bridge {version}",
+        artifacts.index_file,
+        "megatron-bridge",
+        f"megatron_bridge-{version}-py3-none-any.whl",
+    )
+    with zipfile.ZipFile(wheel) as zf:
+        mapping = zf.read("megatron/bridge/models/conversion/param_mapping.py").decode()
+        bridge = zf.read("megatron/bridge/models/conversion/model_bridge.py").decode()
+    expected = [
+        (
+            mapping,
+            'return ".mlp.experts.linear_fc" in self.megatron_param or ".mlp.experts.local_experts." in',
+        ),
+        (mapping, 'return ".adapter." in self.megatron_param'),
+        (mapping, "        if self.is_expert:\n            return self._etp_group\n"),
+        (mapping, "gate, up = torch.chunk(fused_mlp, 2, dim=0)"),
+        (
+            mapping,
+            'gathered_gate_weights_dict = self.gather_from_ep_ranks(gate, megatron_module, self.hf_param["gate"])',
+        ),
+        (
+            mapping,
+            'gathered_up_weights_dict = self.gather_from_ep_ranks(up, megatron_module, self.hf_param["up"])',
+        ),
+        (mapping, "local_expert_number = global_expert_number % num_experts_per_rank"),
+        (mapping, 'r"experts\\.(\\d+)", f"experts.{int(local_expert_number) + num_experts_per_rank * i}"'),
+        (mapping, "return self.gather_from_ep_ranks(full_weights, megatron_module, self.hf_param)"),
+        (
+            bridge,
+            "converted_weights_dict = task.mapping.megatron_to_hf(task.param_weight, task.megatron_module)",
+        ),
+    ]
+    missing = [text for source, text in expected if text not in source]
+    assert not missing, f"Megatron-Bridge {version} no longer has: {missing}"
+    assert er.EXPERT_NUMBER.pattern == r"experts\.(\d+)"
+
+
 # --------------------------------------------------------------------------- behaviour (full tier)
 
 
