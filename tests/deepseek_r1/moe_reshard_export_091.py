@@ -1,4 +1,4 @@
-"""Driver: ds-0206's AlltoAllV expert reshard inside verl 0.9.1's MegatronEngine export, on 2 gloo ranks (EP=2).
+"""Driver: ds-0206's AlltoAllV expert reshard inside verl 0.9.1's MegatronEngine export, on 2 gloo ranks.
 
 Run by tests/deepseek_r1/test_moe_reshard_export_091.py (full tier) under torch.distributed.run with 2 processes,
 on a verl 0.9.1 tree carrying the Qwen 0.9.1 series, the CPU overlay and ds-0206 (so verl/utils/megatron/
@@ -17,11 +17,17 @@ checkpoint loaded through the bridge) on a tiny random DeepSeek-V3 and calls eng
   against the real one (it must fail);
 - negative control `wrong_local_id`: the adapter's local expert index shifted by one (bit-equality must fail).
 
-Memory: every torch.distributed.all_gather / all_to_all_single call during an export is wrapped (the bridge and the
-executor call them through torch.distributed; all_gather_object's internal calls do not go through the wrapper);
-each output tensor is tracked by a weakref finalizer, so `collective_peak_bytes` is the largest sum of collective
-output bytes alive at one time while the consumer copies each yielded tensor and drops it (what the rollout's
-bucketed load does), and `collective_bytes` their total. Both are byte counts of tensors, not RSS.
+With --pp 2 the same on training PP 2 x EP 1 (the tiny model's MoE layer is on stage 1, so rank 0 holds no routed
+expert): the bridge broadcasts every expert to stage 0, the adapter sends stage 0's rollout block straight from its
+owner.
+
+Memory: every torch.distributed.all_gather / all_to_all_single / broadcast call during an export is wrapped (the
+bridge and the executor call them through torch.distributed; all_gather_object's internal calls do not go through
+the wrapper), and each output tensor (for a broadcast, the receiver's buffer) is tracked by a weakref finalizer:
+`collective_bytes` is what the calls allocated, `collective_peak_bytes` the largest sum alive at one time while the
+consumer copies each yielded tensor and drops it (what the rollout's bucketed load does). The `expert_` figures count
+only the collectives issued for routed experts: while the bridge converts a routed-expert task (its mapping's
+megatron_to_hf is wrapped to mark it) and the adapter's all_to_all_single calls. Byte counts of tensors, not RSS.
 
 No monkeypatch of the engine: what the CPU needs is the overlay's (cpu-0014, cpu-0016, cpu-0017), the engine is
 built as tests/harness/megatron_engine_091_driver.py builds it (its build_engine: TrainingWorker's EngineRegistry.new,
@@ -53,33 +59,73 @@ def load_engine_driver():
     return module
 
 
+# True while the bridge converts a routed-expert task (set by mark_expert_tasks): the meter files what the
+# collectives allocate then under "experts"; the adapter's all_to_all_single calls carry routed experts only
+EXPERT_SCOPE = [False]
+
+
+def mark_expert_tasks(engine, is_expert) -> int:
+    """Wrap each routed-expert task's mapping.megatron_to_hf (the engine's cached conversion tasks) so that the meter
+    knows which collectives the bridge issues for routed experts. Measurement only: the results are unchanged."""
+    count = 0
+    for task in engine._mbridge_export_tasks():
+        if not is_expert(task):
+            continue
+        convert = task.mapping.megatron_to_hf
+
+        def in_scope(*args, _convert=convert, **kwargs):
+            EXPERT_SCOPE[0] = True
+            try:
+                return _convert(*args, **kwargs)
+            finally:
+                EXPERT_SCOPE[0] = False
+
+        task.mapping.megatron_to_hf = in_scope
+        count += 1
+    return count
+
+
 class CollectiveMeter:
-    """Bytes of the outputs of torch.distributed.all_gather / all_to_all_single calls while installed."""
+    """Bytes of the outputs of torch.distributed.all_gather / all_to_all_single / broadcast (the receivers' buffers)
+    while installed, in total and for routed experts: calls, bytes allocated, the peak alive at one time."""
 
     def __init__(self):
         import torch.distributed as dist
 
         self.dist = dist
-        self.live = self.peak = self.total = self.calls = 0
+        self.live = {"all": 0, "experts": 0}
+        self.peak = {"all": 0, "experts": 0}
+        self.total = {"all": 0, "experts": 0}
+        self.calls = {"all": 0, "experts": 0}
         self.by_op: dict[str, int] = {}
 
     def _track(self, op: str, tensors) -> None:
+        kinds = ("all", "experts") if EXPERT_SCOPE[0] or op == "all_to_all_single" else ("all",)
         for tensor in tensors:
             nbytes = tensor.numel() * tensor.element_size()
-            self.live += nbytes
-            self.total += nbytes
+            for kind in kinds:
+                self.live[kind] += nbytes
+                self.total[kind] += nbytes
             self.by_op[op] = self.by_op.get(op, 0) + nbytes
-            weakref.finalize(tensor, self._release, nbytes)
-        self.calls += 1
-        self.peak = max(self.peak, self.live)
+            weakref.finalize(tensor, self._release, kinds, nbytes)
+        for kind in kinds:
+            self.calls[kind] += 1
+            self.peak[kind] = max(self.peak[kind], self.live[kind])
 
-    def _release(self, nbytes: int) -> None:
-        self.live -= nbytes
+    def _release(self, kinds, nbytes: int) -> None:
+        for kind in kinds:
+            self.live[kind] -= nbytes
 
     def __enter__(self):
         dist = self.dist
-        self.saved = (dist.all_gather, dist.all_to_all_single)
-        all_gather, all_to_all_single = self.saved
+        self.saved = (dist.all_gather, dist.all_to_all_single, dist.broadcast)
+        all_gather, all_to_all_single, broadcast = self.saved
+
+        def bcast(tensor, src=None, *args, **kwargs):
+            out = broadcast(tensor, src, *args, **kwargs)
+            if src is not None and dist.get_rank() != src:  # a buffer the receiver allocated for it
+                self._track("broadcast", [tensor])
+            return out
 
         def gather(tensor_list, tensor, *args, **kwargs):
             out = all_gather(tensor_list, tensor, *args, **kwargs)
@@ -91,17 +137,20 @@ class CollectiveMeter:
             self._track("all_to_all_single", [output])
             return out
 
-        dist.all_gather, dist.all_to_all_single = gather, alltoall
+        dist.all_gather, dist.all_to_all_single, dist.broadcast = gather, alltoall, bcast
         return self
 
     def __exit__(self, *exc):
-        self.dist.all_gather, self.dist.all_to_all_single = self.saved
+        self.dist.all_gather, self.dist.all_to_all_single, self.dist.broadcast = self.saved
 
     def figures(self) -> dict:
         return {
-            "collective_calls": self.calls,
-            "collective_bytes": self.total,
-            "collective_peak_bytes": self.peak,
+            "collective_calls": self.calls["all"],
+            "collective_bytes": self.total["all"],
+            "collective_peak_bytes": self.peak["all"],
+            "expert_collective_calls": self.calls["experts"],
+            "expert_collective_bytes": self.total["experts"],
+            "expert_collective_peak_bytes": self.peak["experts"],
             "by_op": self.by_op,
         }
 
@@ -167,16 +216,36 @@ def read_report(path: Path, rank: int) -> list[dict]:
 
 
 def planner_bytes(
-    mr, world: int, ep: int, rollout_ep: int, num_experts: int, expert_tensors: dict, rank: int
+    mr, train, rollout_ep: int, num_experts: int, expert_tensors: dict, rank: int, num_layers: int
 ):
     """The planner's recv / sent bytes for this rank over every (layer, parameter) of the export, computed here from
-    the pure planner and the exported tensors' shapes (one expert's tensor per (layer, Megatron parameter))."""
-    plan = mr.plan_experts(mr.TrainLayout(world, ep=ep), mr.RolloutLayout(world, ep=rollout_ep), num_experts)
+    the pure planner and the exported tensors' shapes (one expert's tensor per (layer, Megatron parameter)), each on
+    the PP stage that owns its layer."""
+    plan = mr.plan_experts(train, mr.RolloutLayout(train.world_size, ep=rollout_ep), num_experts)
     recv = sent = 0
-    for nbytes in expert_tensors.values():
-        step = mr.expert_step_traffic(plan, rank, 0, nbytes)
+    for key, nbytes in expert_tensors.items():
+        stage = train.stage_of_layer(int(key.split(".")[0]), num_layers)
+        step = mr.expert_step_traffic(plan, rank, stage, nbytes)
         recv, sent = recv + step["recv"], sent + step["sent"]
     return {"recv": recv, "sent": sent}
+
+
+def build_engine(model: Path, ep: int, pp: int):
+    """The harness driver's engine (tests/harness/megatron_engine_091_driver.py), with PP `pp` when above 1: its
+    McoreEngineConfig is given pipeline_model_parallel_size (configuration, not a patch of the engine)."""
+    import functools
+
+    import verl.workers.config as config
+
+    driver = load_engine_driver()
+    if pp == 1:
+        return driver.build_engine(model, ep)
+    original = config.McoreEngineConfig
+    config.McoreEngineConfig = functools.partial(original, pipeline_model_parallel_size=pp)
+    try:
+        return driver.build_engine(model, ep)
+    finally:
+        config.McoreEngineConfig = original
 
 
 def run(args) -> dict:
@@ -186,7 +255,9 @@ def run(args) -> dict:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    engine = load_engine_driver().build_engine(args.model, world)
+    pp = args.pp
+    ep = world // pp
+    engine = build_engine(args.model, ep, pp)
     engine.initialize()
 
     import verl.utils.megatron.expert_reshard as adapter
@@ -195,10 +266,16 @@ def run(args) -> dict:
 
     assert Path(adapter.__file__).resolve().is_relative_to(Path(args.tree).resolve()), adapter.__file__
     num_experts = engine.tf_config.num_moe_experts
+    num_layers = engine.model_config.hf_config.num_hidden_layers
+    marked = mark_expert_tasks(engine, adapter.is_routed_expert_task)
+    train = mr.TrainLayout(world, ep=ep, pp=pp)
     result: dict = {
         "rank": rank,
         "world": world,
+        "ep": ep,
+        "pp": pp,
         "num_experts": num_experts,
+        "expert_tasks": marked,
         "verl": str(Path(adapter.__file__)),
     }
 
@@ -246,7 +323,7 @@ def run(args) -> dict:
             **figures,
             **compare(got, reference, kept_names(reference, keeps)),
             "report": rows,
-            "plan": planner_bytes(mr, world, world, plan_ep, num_experts, expert_tensors, rank),
+            "plan": planner_bytes(mr, train, plan_ep, num_experts, expert_tensors, rank, num_layers),
         }
 
     # a rollout that keeps the other block than the rank trains: the installed planner is told that rollout rank r
@@ -262,7 +339,7 @@ def run(args) -> dict:
     try:
         report = work / "swapped_blocks.jsonl"
         got, figures = export(engine, rollout(1, world, world), report)
-        swapped_plan = planner_bytes(mr, world, world, world, num_experts, expert_tensors, rank)
+        swapped_plan = planner_bytes(mr, train, world, num_experts, expert_tensors, rank, num_layers)
     finally:
         mr.RolloutLayout.experts_needed = original
     other = (rank + 1) % world
@@ -274,7 +351,7 @@ def run(args) -> dict:
     }
     result["swapped_blocks_against_the_real_map"] = {
         **compare(got, reference, kept_names(reference, set(range(rank * per, (rank + 1) * per)))),
-        "plan": planner_bytes(mr, world, world, world, num_experts, expert_tensors, rank),
+        "plan": planner_bytes(mr, train, world, num_experts, expert_tensors, rank, num_layers),
     }
 
     # negative control 2: the adapter reads each task's local expert index one off
@@ -312,6 +389,7 @@ def main() -> int:
     )
     parser.add_argument("--work", type=Path, required=True, help="a folder for the per-sync byte reports")
     parser.add_argument("--out", type=Path, required=True, help="each rank writes OUT.rank<r>.json")
+    parser.add_argument("--pp", type=int, default=1, help="training PP (EP = the process count / PP)")
     args = parser.parse_args()
     import torch
 

@@ -348,9 +348,10 @@ def make_tiny_deepseek(python: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reshard_run(e2e_python_091, pristine_base, tmp_path_factory) -> dict[int, dict]:
-    """moe_reshard_export_091.py on 2 gloo ranks in verl 0.9.1's e2e environment, the 0.9.1 Megatron packages on
-    PYTHONPATH (as tests/harness' engine run has them), the recipe's CPU launch environment; each rank's JSON."""
+def driver_setup(e2e_python_091, pristine_base, tmp_path_factory):
+    """(python, tree, model, env, work): verl 0.9.1's e2e environment with the 0.9.1 Megatron packages on PYTHONPATH
+    (as tests/harness' engine run has them), the tree with the CPU overlay and ds-0206, the recipe's CPU launch
+    environment."""
     packages = get_artifact(
         "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, e2e_python_091, "0.9.1"
     )
@@ -363,19 +364,38 @@ def reshard_run(e2e_python_091, pristine_base, tmp_path_factory) -> dict[int, di
     env.update(
         PYTHONPATH=os.pathsep.join([str(tree), str(packages)]), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""
     )
+    return e2e_python_091, tree, model, env, work
+
+
+def run_driver(setup, pp: int) -> dict[int, dict]:
+    """moe_reshard_export_091.py on 2 gloo ranks at training PP `pp` (EP = 2 / pp); each rank's JSON."""
+    python, tree, model, env, work = setup
+    out = work / f"pp{pp}"
     proc = subprocess.run(
         [
-            str(e2e_python_091), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            str(python), "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            str(DRIVER), "--tree", str(tree), "--model", str(model), "--work", str(work / "reports"),
-            "--out", str(work / "out"),
+            str(DRIVER), "--tree", str(tree), "--model", str(model), "--work", str(out / "reports"),
+            "--out", str(out / "out"), "--pp", str(pp),
         ],
         env=env, cwd=work, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = {r: json.loads((work / f"out.rank{r}.json").read_text()) for r in range(2)}
-    print("ds-0206 on 2 gloo ranks:", json.dumps(results, indent=1))
+    results = {r: json.loads((out / f"out.rank{r}.json").read_text()) for r in range(2)}
+    print(f"ds-0206 on 2 gloo ranks, PP {pp}:", json.dumps(results, indent=1))
     return results
+
+
+@pytest.fixture(scope="module")
+def reshard_run(driver_setup) -> dict[int, dict]:
+    """Training EP 2 (PP 1)."""
+    return run_driver(driver_setup, pp=1)
+
+
+@pytest.fixture(scope="module")
+def reshard_run_pp2(driver_setup) -> dict[int, dict]:
+    """Training PP 2 x EP 1: the MoE layer on stage 1, rank 1 holds every expert, rank 0 none."""
+    return run_driver(driver_setup, pp=2)
 
 
 RANKS = [0, 1]
@@ -413,7 +433,11 @@ def test_the_allgather_export_materialises_every_expert_beside_it(reshard_run, r
     # one all_gather over EP per (parameter, local expert id), gate and up apart: 4 x 3 calls, each output holds
     # both ranks' experts, i.e. every expert once
     assert gathered["by_op"] == {"all_gather": 8 * per_expert} and gathered["collective_calls"] == 12
-    assert gathered["collective_peak_bytes"] > 0 == run["alltoallv_ep2"]["collective_peak_bytes"]
+    assert gathered["expert_collective_bytes"] == 8 * per_expert and gathered["expert_collective_calls"] == 12
+    # alive at once while the consumer copies and drops each tensor: at least one all_gather's output (both ranks'
+    # gate of one expert), against nothing on the AlltoAllV path
+    assert gathered["expert_collective_peak_bytes"] >= 2 * run["expert_tensor_bytes"]["1.fc1"] // 2
+    assert run["alltoallv_ep2"]["expert_collective_peak_bytes"] == 0
 
 
 @per_rank
@@ -461,3 +485,43 @@ def test_negative_control_a_wrong_local_expert_index_breaks_bit_equality(reshard
 @pytest.mark.slow
 def test_mbridge_falls_back_to_the_engines_own_export(reshard_run):
     assert [reshard_run[r]["fallback_is_default"] for r in RANKS] == ["DEFAULT", "DEFAULT"]
+
+
+@per_rank
+def test_pp2_each_rank_gets_its_block_from_the_owning_stage_without_the_pp_broadcast(reshard_run_pp2, rank):
+    run = reshard_run_pp2[rank]
+    assert (run["ep"], run["pp"], run["expert_tasks"]) == (1, 2, 16)  # fc1, fc2 of 8 experts, global over PP
+    per_expert = expert_bytes(run)
+    gathered, got = run["allgather"], run["alltoallv_ep2"]
+    assert got["expert_names"] == gathered["kept_names"] == 12 and gathered["expert_names"] == 24
+    assert got["expert_names_equal_kept"] and got["experts_bit_equal"] and got["others_equal"]
+    # stage 1 (rank 1) holds all 8 experts and keeps 4..7; rank 0 (stage 0, no MoE layer) receives 0..3 from it
+    plan = {"recv": 4 * per_expert, "sent": 0} if rank == 0 else {"recv": 0, "sent": 4 * per_expert}
+    assert got["plan"] == plan
+    (report,) = got["report"]
+    assert (report["recv_bytes"], report["sent_bytes"]) == (plan["recv"], plan["sent"])
+    assert (report["plan_recv_bytes"], report["plan_sent_bytes"]) == (plan["recv"], plan["sent"])
+    # the bridge: every expert broadcast to stage 0, then an all_gather over the EP group of one per expert
+    # tensor (gate and up apart); the adapter: rank 0's block by all_to_all_single, nothing on rank 1
+    expected = 8 * per_expert + (8 * per_expert if rank == 0 else 0)
+    assert gathered["expert_collective_bytes"] == expected
+    assert got["expert_collective_bytes"] == (4 * per_expert if rank == 0 else 0)
+    assert got["by_op"].get("broadcast", 0) == gathered["by_op"]["broadcast"] - (
+        8 * per_expert if rank == 0 else 0
+    )
+    ep_off = run["alltoallv_ep1"]
+    assert ep_off["expert_names"] == 24 and ep_off["experts_bit_equal"] and ep_off["expert_names_equal_kept"]
+    assert ep_off["plan"] == (
+        {"recv": 8 * per_expert, "sent": 0} if rank == 0 else {"recv": 0, "sent": 8 * per_expert}
+    )
+    assert [(r["recv_bytes"], r["sent_bytes"]) for r in ep_off["report"]] == [
+        (ep_off["plan"]["recv"], ep_off["plan"]["sent"])
+    ]
+
+
+@per_rank
+def test_pp2_negative_controls(reshard_run_pp2, rank):
+    run = reshard_run_pp2[rank]
+    assert not run["swapped_blocks_against_the_real_map"]["expert_names_equal_kept"]
+    assert run["swapped_blocks"]["expert_names_equal_kept"] and run["swapped_blocks"]["experts_bit_equal"]
+    assert not run["wrong_local_id"]["experts_bit_equal"]
