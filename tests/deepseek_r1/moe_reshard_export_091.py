@@ -32,31 +32,20 @@ megatron_to_hf is wrapped to mark it) and the adapter's all_to_all_single calls.
 No monkeypatch of the engine: what the CPU needs is the overlay's (cpu-0014, cpu-0016, cpu-0017), the engine is
 built as tests/harness/megatron_engine_091_driver.py builds it (its build_engine: TrainingWorker's EngineRegistry.new,
 fp32, the DeepSeek CPU profile's override_transformer_config), in verl 0.9.1's e2e environment with the 0.9.1
-Megatron packages (artifacts.megatron_packages) on PYTHONPATH and the recipe's CPU launch environment. The only
+Megatron packages (artifacts.megatron_packages) and tests/harness on PYTHONPATH, the recipe's CPU launch environment. The only
 monkeypatches are this driver's own controls (the swapped block map, the shifted local id, mbridge's flag).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 import weakref
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_DRIVER = REPO / "tests" / "harness" / "megatron_engine_091_driver.py"
 EXPERT = ".mlp.experts."
-
-
-def load_engine_driver():
-    """tests/harness/megatron_engine_091_driver.py, for its build_engine."""
-    spec = importlib.util.spec_from_file_location("megatron_engine_091_driver", ENGINE_DRIVER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # True while the bridge converts a routed-expert task (set by mark_expert_tasks): the meter files what the
@@ -235,9 +224,9 @@ def build_engine(model: Path, ep: int, pp: int):
     McoreEngineConfig is given pipeline_model_parallel_size (configuration, not a patch of the engine)."""
     import functools
 
+    import megatron_engine_091_driver as driver  # tests/harness, on the caller's PYTHONPATH
     import verl.workers.config as config
 
-    driver = load_engine_driver()
     if pp == 1:
         return driver.build_engine(model, ep)
     original = config.McoreEngineConfig

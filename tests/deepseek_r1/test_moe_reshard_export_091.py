@@ -362,7 +362,9 @@ def driver_setup(e2e_python_091, pristine_base, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
     env.update(manifest.resolve_launch("qwen2_5", BASE, profile="cpu").cpu_env)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(tree), str(packages)]), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""
+        PYTHONPATH=os.pathsep.join([str(tree), str(packages), str(REPO / "tests" / "harness")]),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
     )
     return e2e_python_091, tree, model, env, work
 
