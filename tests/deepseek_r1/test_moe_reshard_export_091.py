@@ -2,9 +2,10 @@
 
 Three layers:
 
-- form (CI tier): the patch applies and reverts byte-exact on the real verl 0.9.1 sdist on top of the Qwen 0.9.1
-  series' shared ports (the DeepSeek 0.9.1 series does not exist yet) and on top of the CPU overlay as well; the
-  patched files compile; the patched RolloutConfig refuses a mode it does not know;
+- form (CI tier): the patch applies and reverts byte-exact on the real verl 0.9.1 sdist on top of the DeepSeek 0.9.1
+  series once the recipe has that base (else the Qwen 0.9.1 series' shared ports), and on top of the CPU overlay as
+  well; the patched files compile; the patched RolloutConfig refuses a mode it does not know; the Megatron-Bridge
+  lines the adapter re-does are the pinned wheel's;
 - the adapter's pure logic (CI tier): the split of the bridge's conversion tasks, local expert ids, HF names and the
   gate/up chunking, the early fallbacks, on objects shaped like Megatron-Bridge 0.3.1's tasks (the real tasks run
   in the full tier);
@@ -40,11 +41,19 @@ PATCH = REPO / "llm_rl" / "deepseek_r1" / "patches" / "ds-0206-moe-reshard-weigh
 DRIVER = Path(__file__).with_name("moe_reshard_export_091.py")
 
 
+def recipe_on_091() -> str:
+    """The recipe whose 0.9.1 series the tree carries: DeepSeek's once it has that base, else Qwen's (the shared
+    ports; the Megatron engine's files are verl's own in both)."""
+    return "deepseek_r1" if "0.9.1" in overlay.load_recipe("deepseek_r1").bases else "qwen2_5"
+
+
 def _series(with_cpu: bool = False, with_patch: bool = True):
-    recipe = manifest.load_recipe("qwen2_5", BASE)
+    """The 0.9.1 series without ds-0206 (wherever the recipe lists it), then ds-0206 last when with_patch."""
+    recipe = manifest.load_recipe(recipe_on_091(), BASE)
     if with_cpu:
         recipe = manifest.with_overlay(recipe, "cpu")
-    return replace(recipe, series=(*recipe.series, *([PATCH] if with_patch else [])))
+    rest = tuple(p for p in recipe.series if p.name != PATCH.name)
+    return replace(recipe, series=(*rest, *([PATCH] if with_patch else [])))
 
 
 def tree_hash(root: Path) -> dict[str, bytes]:
@@ -360,7 +369,7 @@ def driver_setup(e2e_python_091, pristine_base, tmp_path_factory):
     model = work / "model"
     make_tiny_deepseek(e2e_python_091, model)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    env.update(manifest.resolve_launch("qwen2_5", BASE, profile="cpu").cpu_env)
+    env.update(manifest.resolve_launch(recipe_on_091(), BASE, profile="cpu").cpu_env)
     env.update(
         PYTHONPATH=os.pathsep.join([str(tree), str(packages), str(REPO / "tests" / "harness")]),
         OMP_NUM_THREADS="1",
