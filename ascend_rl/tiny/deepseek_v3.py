@@ -45,9 +45,20 @@ class DeepSeekShape:
     max_positions: int = 4096
 
 
+def random_router_bias() -> bool:
+    """Whether build_model draws the router's e_score_correction_bias: under transformers 5 (the verl 0.9.1 stack),
+    not under 4.x. transformers holds the bias as a buffer (DeepseekV3TopkRouter's register_buffer, in 4.57.6 as in
+    5.5.4), which the maker's loop over named_parameters() never reached, so every checkpoint made under 4.57.6
+    (the 0.6.0 / 0.7.1 runs) has a zero bias; drawing it there would change those checkpoints and their runs'
+    figures, so 4.x keeps it at zero (tests/harness/test_megatron_engine_091.py holds the 4.57.6 checkpoint's bytes)."""
+    import transformers
+
+    return int(transformers.__version__.split(".", 1)[0]) >= 5
+
+
 def build_model(tokenizer, shape: DeepSeekShape, seed: int):
-    """A DeepseekV3ForCausalLM with random weights sized to the tokenizer; the router bias is random too (HF starts
-    it at zero), so a weight sync that drops it changes the routing."""
+    """A DeepseekV3ForCausalLM with random weights sized to the tokenizer; under transformers 5 the router bias is
+    random too (HF starts it at zero), so a weight sync that drops it changes the routing (random_router_bias)."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -80,10 +91,11 @@ def build_model(tokenizer, shape: DeepSeekShape, seed: int):
     )
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                param.normal_(0.0, 0.1)
+    if random_router_bias():
+        with torch.no_grad():
+            for name, buf in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buf.normal_(0.0, 0.1)
     return model
 
 

@@ -31,15 +31,24 @@ processes, EP=2, through export and a checkpoint round trip, on the Megatron-Bri
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import re
 import resource
-import shutil
 import sys
 import time
 import types
 from pathlib import Path
+
+from ascend_rl.harness.megatron_engine_091 import (
+    OVERRIDES,
+    against_hf,
+    checkpoint_round_trip,
+    engine_log_probs,
+    export_against_checkpoint,
+    export_into_hf,
+    make_batch,
+    one_update,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TREE = REPO / "llm_rl" / "qwen2_5" / "verl-0.9.1-cpu"
@@ -48,14 +57,6 @@ CPU_ENV = {
     "VERL_USE_EXTERNAL_MODULES": "verl.plugin.platform.platform_cpu",
     "VERL_PLATFORM": "cpu",
     "VERL_ENGINE_DEVICE": "cuda",
-}
-# what the bridges set and megatron-core has only with TransformerEngine / Apex; rope: the tiny model's is plain
-OVERRIDES = {
-    "moe_permute_fusion": False,
-    "persist_layer_norm": False,
-    "gradient_accumulation_fusion": False,
-    "moe_grouped_gemm": False,
-    "rope_type": "rope",
 }
 LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 T0 = time.time()
@@ -82,30 +83,11 @@ def import_megatron_bridge() -> None:
     from megatron.core.models.gpt import gpt_layer_specs  # noqa: F401
     from megatron.core.transformer import multi_latent_attention  # noqa: F401
 
-    class _Absent:
-        def __init__(self, *args, **kwargs):
-            raise RuntimeError("transformer_engine is a stub on this machine")
+    _cpu_compat()._import_bridge_under_te_stub()
+    # the flag that picks the DeepSeek layer spec was computed under the stub (cpu_compat resets every HAVE_TE)
+    from megatron.bridge.models.deepseek import deepseek_v3_bridge
 
-    def absent(name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return type(name, (_Absent,), {})
-
-    names = ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.ops")
-    stubs = {name: types.ModuleType(name) for name in names}
-    stubs["transformer_engine.pytorch"].__getattr__ = absent
-    stubs["transformer_engine.pytorch.ops"].__getattr__ = absent
-    stubs["transformer_engine"].pytorch = stubs["transformer_engine.pytorch"]
-    stubs["transformer_engine.pytorch"].ops = stubs["transformer_engine.pytorch.ops"]
-    sys.modules.update(stubs)
-    try:
-        import megatron.bridge  # noqa: F401
-        from megatron.bridge.models.deepseek import deepseek_v2_bridge, deepseek_v3_bridge
-    finally:
-        for name in names:
-            sys.modules.pop(name, None)
-    # the flag that picks the DeepSeek layer spec was computed under the stub
-    deepseek_v3_bridge.HAVE_TE = deepseek_v2_bridge.HAVE_TE = False
+    assert deepseek_v3_bridge.HAVE_TE is False
 
 
 # --- the workarounds ----------------------------------------------------------------------------------------------
@@ -208,17 +190,7 @@ def _cuda_sync():
 @fix("optim_load_no_grad")
 def _optim_load_no_grad():
     """the distributed optimizer copies a loaded state in place into parameters that require grad"""
-    import torch
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    original = DistributedOptimizer._set_main_param_and_optimizer_states
-
-    @functools.wraps(original)
-    def under_no_grad(self, *args, **kwargs):
-        with torch.no_grad():
-            return original(self, *args, **kwargs)
-
-    DistributedOptimizer._set_main_param_and_optimizer_states = under_no_grad
+    _cpu_compat()._optimizer_load_under_no_grad()
 
 
 @fix("mbridge_rope_theta")
@@ -339,84 +311,6 @@ def make_model(out_dir: Path) -> None:
     make_checkpoint(out_dir, prepare=random_bias)
 
 
-def make_batch(vocab: int, rank: int, n: int = 4, p: int = 12, r: int = 12):
-    """Left-padded prompts, right-padded responses, random tokens (as check_megatron.py's batch on 0.7.1)."""
-    import torch
-    from verl import DataProto
-
-    gen = torch.Generator().manual_seed(100 + rank)
-    prompts = torch.randint(3, vocab, (n, p), generator=gen)
-    responses = torch.randint(3, vocab, (n, r), generator=gen)
-    prompt_mask = torch.ones(n, p, dtype=torch.long)
-    response_mask = torch.ones(n, r, dtype=torch.long)
-    for i in range(n):
-        prompt_mask[i, : i * 2] = 0
-        response_mask[i, r - i * 3 :] = 0
-    prompts, responses = prompts * prompt_mask, responses * response_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], 1)
-    tensors = {
-        "input_ids": torch.cat([prompts, responses], 1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask.float(),
-    }
-    return DataProto.from_dict(tensors=tensors)
-
-
-def to_engine_batch(batch, **extra):
-    """The padded batch as ray_trainer.py hands it to the worker (no padding, nested), with infer_batch's keys."""
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    td = left_right_2_no_padding(batch.to_tensordict())
-    defaults = {"use_remove_padding": True, "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 2}
-    tu.assign_non_tensor(
-        td,
-        calculate_entropy=False,
-        temperature=1.0,
-        max_token_len_per_gpu=None,
-        use_fused_kernels=False,
-        **defaults,
-    )
-    tu.assign_non_tensor(td, **extra)
-    return td
-
-
-def engine_log_probs(engine, batch):
-    from verl.workers.utils.padding import no_padding_2_padding
-
-    td = to_engine_batch(batch, compute_loss=False)
-    with engine.eval_mode():
-        out = engine.infer_batch(td, loss_function=None)
-    return no_padding_2_padding(out["model_output"]["log_probs"], td)
-
-
-def hf_log_probs(model, batch):
-    """Each sequence alone, unpadded; the response tokens' log-probs, right-padded like verl's."""
-    import torch
-
-    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
-    out = torch.zeros(ids.shape[0], batch.batch["responses"].shape[1])
-    with torch.no_grad():
-        for i in range(ids.shape[0]):
-            seq = ids[i][mask[i].bool()].unsqueeze(0)
-            logits = model(seq).logits[0].float()
-            lps = torch.log_softmax(logits[:-1], -1).gather(-1, seq[0, 1:].unsqueeze(-1)).squeeze(-1)
-            n = int(batch.batch["response_mask"][i].sum())
-            out[i, :n] = lps[len(lps) - n :]
-    return out
-
-
-def load_hf(path):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    return model.eval(), info
-
-
 def build_engine(args):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig, McoreEngineConfig, McoreOptimizerConfig
@@ -447,21 +341,8 @@ def build_engine(args):
     )
 
 
-def toy_loss(model_output, data, dp_group=None):
-    lp = model_output["log_probs"]
-    loss = -(lp.values() if lp.is_nested else lp).float().mean()
-    return loss, {"toy_loss": loss.detach().item()}
-
-
-def export(engine) -> dict:
-    gen, _ = engine.get_per_tensor_param()
-    return {name: tensor.detach().float().cpu().clone() for name, tensor in gen}
-
-
 def run(args) -> None:
-    import torch
     import torch.distributed as dist
-    from safetensors.torch import load_file, save_file
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -483,62 +364,24 @@ def run(args) -> None:
     batch = make_batch(engine.model_config.hf_config.vocab_size, rank)
     mask = batch.batch["response_mask"].bool()
     t = time.time()
-    lp = engine_log_probs(engine, batch)
-    hf, _ = load_hf(args.model)
-    log(
-        f"forward {time.time() - t:.1f}s: max |megatron - HF| {(lp - hf_log_probs(hf, batch)).abs()[mask].max():.3e}"
-    )
-    with torch.no_grad():  # negative control: every routed expert moved to the next one's place
-        for name, param in hf.named_parameters():
-            if ".mlp.experts." in name and param.dim() == 3:
-                param.copy_(param.roll(1, dims=0))
-    log(f"negative control (HF experts rolled): {(lp - hf_log_probs(hf, batch)).abs()[mask].max():.3e}")
-
-    reference = load_file(os.path.join(args.model, "model.safetensors"))
-    exported = export(engine)
-    worst = max((exported[k] - reference[k].float()).abs().max().item() for k in reference if k in exported)
-    log(
-        f"export: {len(exported)} tensors, {sum('.mlp.experts.' in k for k in exported)} routed-expert ones; "
-        f"missing {sorted(set(reference) - set(exported))}, extra {sorted(set(exported) - set(reference))}; "
-        f"max |export - checkpoint| {worst:.3e}"
-    )
+    lp, gaps = against_hf(engine, args.model, batch)
+    log(f"forward {time.time() - t:.1f}s: max |megatron - HF| {gaps['logprob_gap']:.3e}")
+    log(f"negative control (HF experts rolled): {gaps['control_gap_experts_rolled']:.3e}")
+    log(f"export: {export_against_checkpoint(engine, args.model)}")
     if args.stop == "export":
         return
 
-    train = make_batch(engine.model_config.hf_config.vocab_size, rank)
-    sizes = {"global_batch_size": 4 * world, "mini_batch_size": 4 * world}
-    td = to_engine_batch(
-        train, compute_loss=True, epochs=1, seed=1, dataloader_kwargs={"shuffle": False}, **sizes
-    )
-    with engine.train_mode():
-        out = engine.train_batch(td, loss_function=toy_loss)
+    out, td = one_update(engine, rank, world)
     lp_after = engine_log_probs(engine, batch)
     log(
         f"update: grad_norm {out['metrics'].get('grad_norm')}, log-probs moved {(lp_after - lp).abs()[mask].max():.3e}"
     )
-    exported = export(engine)
-    out_dir = Path(args.work) / f"exported-r{rank}"
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(args.model, out_dir)
-    # transformers 5 keeps the routed experts fused in memory: load the export as a checkpoint, not a state dict
-    save_file({k: v.contiguous() for k, v in exported.items()}, str(out_dir / "model.safetensors"))
-    hf, info = load_hf(out_dir)
-    gap = (lp_after - hf_log_probs(hf, batch)).abs()[mask].max()
-    log(f"export after the update into HF: loading info {info}; max |megatron - HF| {gap:.3e}")
+    log(
+        f"export after the update into HF: {export_into_hf(engine, args.model, args.work / f'exported-r{rank}', batch, lp_after)}"
+    )
     if args.stop == "update":
         return
-
-    ckpt = Path(args.work) / "ckpt"
-    if rank == 0:
-        shutil.rmtree(ckpt, ignore_errors=True)
-    dist.barrier()
-    engine.save_checkpoint(str(ckpt), global_step=1)
-    with engine.train_mode():
-        engine.train_batch(td, loss_function=toy_loss)
-    moved = (engine_log_probs(engine, batch) - lp_after).abs()[mask].max()
-    engine.load_checkpoint(str(ckpt))
-    back = (engine_log_probs(engine, batch) - lp_after).abs()[mask].max()
-    log(f"checkpoint: a second update moved log-probs {moved:.3e}; after the load they are {back:.3e} away")
+    log(f"checkpoint: {checkpoint_round_trip(engine, args.work / 'ckpt', td, batch, lp_after)}")
 
 
 def main() -> int:

@@ -415,32 +415,43 @@ def checkpoints_on_cpu() -> None:
     from megatron.core.optimizer import distrib_optimizer
 
     torch.cuda.synchronize = lambda device=None: None
-    optimizer = distrib_optimizer.DistributedOptimizer
-    set_states = optimizer._set_main_param_and_optimizer_states
+    _optimizer_load_under_no_grad()
+    if not distrib_optimizer.HAVE_APEX_OR_TE:
+        _optimizer_state_before_first_step()
+    _checkpoints_applied = True
+
+
+def _optimizer_load_under_no_grad() -> None:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    set_states = DistributedOptimizer._set_main_param_and_optimizer_states
 
     @functools.wraps(set_states)
     def set_states_no_grad(self, *args, **kwargs):
         with torch.no_grad():
             return set_states(self, *args, **kwargs)
 
-    optimizer._set_main_param_and_optimizer_states = set_states_no_grad
-    if not distrib_optimizer.HAVE_APEX_OR_TE:
-        state_dict = optimizer.state_dict
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states_no_grad
 
-        @functools.wraps(state_dict)
-        def state_before_first_step(self):
-            if len(self.optimizer.state) == 0:
-                for group in self.optimizer.param_groups:
-                    for param in group["params"]:
-                        self.optimizer.state[param] = {
-                            "step": torch.tensor(0.0),
-                            "exp_avg": torch.zeros_like(param.data),
-                            "exp_avg_sq": torch.zeros_like(param.data),
-                        }
-            return state_dict(self)
 
-        optimizer.state_dict = state_before_first_step
-    _checkpoints_applied = True
+def _optimizer_state_before_first_step() -> None:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    state_dict = DistributedOptimizer.state_dict
+
+    @functools.wraps(state_dict)
+    def state_before_first_step(self):
+        if len(self.optimizer.state) == 0:
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    self.optimizer.state[param] = {
+                        "step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(param.data),
+                        "exp_avg_sq": torch.zeros_like(param.data),
+                    }
+        return state_dict(self)
+
+    DistributedOptimizer.state_dict = state_before_first_step
 
 
 _SDPA = None

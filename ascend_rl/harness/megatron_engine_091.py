@@ -1,4 +1,4 @@
-"""Driver of tests/harness/test_megatron_engine_091.py: verl 0.9.1's MegatronEngine on a tiny DeepSeek-V3 on CPU.
+"""verl 0.9.1's MegatronEngine on a tiny DeepSeek-V3 on CPU: the driver of tests/harness/test_megatron_engine_091.py.
 
 Run under `torch.distributed.run --nproc-per-node 2` (gloo, EP=2) in verl 0.9.1's e2e environment, with a verl tree
 made by the overlay (`overlay apply <recipe> --base 0.9.1 --with cpu`: cpu-0014's platform, cpu-0016's Megatron
@@ -15,7 +15,9 @@ measured to <work>/result-r<rank>.json; the test asserts on the figures:
 - the bridge's export (engine.get_per_tensor_param) before the update against the checkpoint's tensors;
 - one update (engine.train_batch, a toy loss) and how far it moves the log-probs; the export after it written as a
   safetensors checkpoint, loaded into HF (from_pretrained's loading info), and HF's log-probs against the engine's;
-- a checkpoint round trip: save, a second update, load: the log-probs are the saved ones again.
+- a checkpoint round trip: save, a second update, load: the log-probs are the saved ones again;
+- with --resume (a second run on the same --work): a fresh engine loads that checkpoint before any step, as a
+  resumed run does (resume-r<rank>.json).
 """
 
 from __future__ import annotations
@@ -154,10 +156,101 @@ def export(engine) -> dict:
     return {name: tensor.detach().float().cpu().clone() for name, tensor in gen}
 
 
+def _gap(a, b, mask) -> float:
+    return (a - b).abs()[mask].max().item()
+
+
+def against_hf(engine, model: Path, batch) -> tuple[object, dict]:
+    """The engine's log-probs of the batch, and their distance to HF's; the negative control: HF with every routed
+    expert moved to the next one's place."""
+    import torch
+
+    mask = batch.batch["response_mask"].bool()
+    lp = engine_log_probs(engine, batch)
+    hf, _ = load_hf(model)
+    gaps = {"logprob_gap": _gap(lp, hf_log_probs(hf, batch), mask)}
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if ".mlp.experts." in name and param.dim() == 3:
+                param.copy_(param.roll(1, dims=0))
+    gaps["control_gap_experts_rolled"] = _gap(lp, hf_log_probs(hf, batch), mask)
+    return lp, gaps
+
+
+def export_against_checkpoint(engine, model: Path) -> dict:
+    """The bridge's export against the checkpoint's tensors: names, and the largest difference."""
+    from safetensors.torch import load_file
+
+    reference = load_file(str(model / "model.safetensors"))
+    exported = export(engine)
+    return {
+        "count": len(exported),
+        "routed_expert_tensors": sum(".mlp.experts." in k for k in exported),
+        "missing": sorted(set(reference) - set(exported)),
+        "extra": sorted(set(exported) - set(reference)),
+        "max_diff_to_checkpoint": max(
+            (exported[k] - reference[k].float()).abs().max().item() for k in reference if k in exported
+        ),
+        "unchanged_tensors": sum(
+            (exported[k] == reference[k].float()).all().item() for k in reference if k in exported
+        ),
+        "router_bias_abs_sum": sum(
+            reference[k].abs().sum().item() for k in reference if k.endswith("e_score_correction_bias")
+        ),
+    }
+
+
+def one_update(engine, rank: int, world: int):
+    """engine.train_batch on a batch of 4 sequences per rank with the toy loss; (its output, the batch)."""
+    train = make_batch(engine.model_config.hf_config.vocab_size, rank)
+    sizes = {"global_batch_size": 4 * world, "mini_batch_size": 4 * world}
+    td = to_engine_batch(
+        train, compute_loss=True, epochs=1, seed=1, dataloader_kwargs={"shuffle": False}, **sizes
+    )
+    with engine.train_mode():
+        out = engine.train_batch(td, loss_function=toy_loss)
+    return out, td
+
+
+def export_into_hf(engine, model: Path, out_dir: Path, batch, lp) -> dict:
+    """The export written as a checkpoint beside `model`'s config and tokenizer, loaded into HF: its loading info
+    and HF's log-probs against the engine's `lp`. transformers 5 keeps the routed experts fused in memory: the
+    export (per-expert names, as vLLM takes them) loads through from_pretrained's conversion."""
+
+    from safetensors.torch import save_file
+
+    exported = export(engine)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(model, out_dir)
+    save_file({k: v.contiguous() for k, v in exported.items()}, str(out_dir / "model.safetensors"))
+    hf, info = load_hf(out_dir)
+    return {
+        "loading_info": info,
+        "logprob_gap": _gap(lp, hf_log_probs(hf, batch), batch.batch["response_mask"].bool()),
+    }
+
+
+def checkpoint_round_trip(engine, ckpt: Path, train_td, batch, lp) -> dict:
+    """save_checkpoint, a second update, load_checkpoint: how far the update moved the log-probs (`lp` the saved
+    weights' ones), and how far they are from the saved ones after the load."""
+
+    import torch.distributed as dist
+
+    mask = batch.batch["response_mask"].bool()
+    if dist.get_rank() == 0:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    dist.barrier()
+    engine.save_checkpoint(str(ckpt), global_step=1)
+    with engine.train_mode():
+        engine.train_batch(train_td, loss_function=toy_loss)
+    moved = _gap(engine_log_probs(engine, batch), lp, mask)
+    engine.load_checkpoint(str(ckpt))
+    return {"second_update_moved": moved, "after_load": _gap(engine_log_probs(engine, batch), lp, mask)}
+
+
 def run(model: Path, work: Path) -> dict:
     import torch
     import torch.distributed as dist
-    from safetensors.torch import load_file, save_file
 
     rank, world = dist.get_rank(), dist.get_world_size()
     result: dict = {"rank": rank, "world": world}
@@ -175,78 +268,20 @@ def run(model: Path, work: Path) -> dict:
     result["local_expert_params"] = sorted(
         name for name, _ in engine.module[0].named_parameters() if ".local_experts." in name
     )
-
     batch = make_batch(engine.model_config.hf_config.vocab_size, rank)
-    mask = batch.batch["response_mask"].bool()
-    lp = engine_log_probs(engine, batch)
-    hf, _ = load_hf(model)
-    result["logprob_gap"] = (lp - hf_log_probs(hf, batch)).abs()[mask].max().item()
-    with torch.no_grad():  # negative control: every routed expert moved to the next one's place
-        for name, param in hf.named_parameters():
-            if ".mlp.experts." in name and param.dim() == 3:
-                param.copy_(param.roll(1, dims=0))
-    result["control_gap_experts_rolled"] = (lp - hf_log_probs(hf, batch)).abs()[mask].max().item()
-    del hf
-
-    reference = load_file(str(model / "model.safetensors"))
-    exported = export(engine)
-    result["export_before"] = {
-        "count": len(exported),
-        "routed_expert_tensors": sum(".mlp.experts." in k for k in exported),
-        "missing": sorted(set(reference) - set(exported)),
-        "extra": sorted(set(exported) - set(reference)),
-        "max_diff_to_checkpoint": max(
-            (exported[k] - reference[k].float()).abs().max().item() for k in reference if k in exported
-        ),
-        "router_bias_abs_sum": sum(
-            reference[k].abs().sum().item() for k in reference if k.endswith("e_score_correction_bias")
-        ),
-    }
-
-    train = make_batch(engine.model_config.hf_config.vocab_size, rank)
-    sizes = {"global_batch_size": 4 * world, "mini_batch_size": 4 * world}
-    td = to_engine_batch(
-        train, compute_loss=True, epochs=1, seed=1, dataloader_kwargs={"shuffle": False}, **sizes
-    )
-    with engine.train_mode():
-        out = engine.train_batch(td, loss_function=toy_loss)
+    lp, gaps = against_hf(engine, model, batch)
+    result.update(gaps)
+    result["export_before"] = export_against_checkpoint(engine, model)
+    out, train_td = one_update(engine, rank, world)
     lp_after = engine_log_probs(engine, batch)
     result["update"] = {
         "grad_norm": out["metrics"].get("grad_norm"),
-        "logprobs_moved": (lp_after - lp).abs()[mask].max().item(),
+        "logprobs_moved": _gap(lp_after, lp, batch.batch["response_mask"].bool()),
     }
-
-    exported = export(engine)
-    result["export_after"] = {
-        "count": len(exported),
-        "changed_tensors": sum(
-            not torch.equal(exported[k], reference[k].float()) for k in reference if k in exported
-        ),
-    }
-    out_dir = work / f"exported-r{rank}"
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(model, out_dir)
-    # transformers 5 keeps the routed experts fused in memory: the export (per-expert names, as vLLM takes them)
-    # loads through from_pretrained's conversion, so it is written as a checkpoint
-    save_file({k: v.contiguous() for k, v in exported.items()}, str(out_dir / "model.safetensors"))
-    hf, info = load_hf(out_dir)
-    result["export_into_hf"] = {
-        "loading_info": info,
-        "logprob_gap": (lp_after - hf_log_probs(hf, batch)).abs()[mask].max().item(),
-    }
-    del hf
-
-    ckpt = work / "ckpt"
-    if rank == 0:
-        shutil.rmtree(ckpt, ignore_errors=True)
-    dist.barrier()
-    engine.save_checkpoint(str(ckpt), global_step=1)
-    with engine.train_mode():
-        engine.train_batch(td, loss_function=toy_loss)
-    moved = (engine_log_probs(engine, batch) - lp_after).abs()[mask].max().item()
-    engine.load_checkpoint(str(ckpt))
-    back = (engine_log_probs(engine, batch) - lp_after).abs()[mask].max().item()
-    result["checkpoint"] = {"second_update_moved": moved, "after_load": back}
+    result["export_after"] = export_against_checkpoint(engine, model)
+    result["export_into_hf"] = export_into_hf(engine, model, work / f"exported-r{rank}", batch, lp_after)
+    result["checkpoint"] = checkpoint_round_trip(engine, work / "ckpt", train_td, batch, lp_after)
+    torch.save(lp_after, work / f"saved-logprobs-r{rank}.pt")  # what --resume compares with
     result["seconds"] = round(time.time() - t0, 1)
     result["modules"] = {
         "verl": sys.modules["verl"].__file__,
@@ -258,11 +293,41 @@ def run(model: Path, work: Path) -> dict:
     return result
 
 
+def resume(model: Path, work: Path) -> dict:
+    """A fresh engine (a new process, as a resumed run's) loads run()'s checkpoint before any step (the optimizer
+    holds no state yet: cpu-0017's zero states): its log-probs are the saved ones, and an update runs after it."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    engine = build_engine(model, ep=world)
+    engine.initialize()
+    batch = make_batch(engine.model_config.hf_config.vocab_size, rank)
+    mask = batch.batch["response_mask"].bool()
+    saved = torch.load(work / f"saved-logprobs-r{rank}.pt")
+    fresh = _gap(engine_log_probs(engine, batch), saved, mask)
+    engine.load_checkpoint(str(work / "ckpt"))
+    loaded = _gap(engine_log_probs(engine, batch), saved, mask)
+    out, _ = one_update(engine, rank, world)
+    moved = _gap(engine_log_probs(engine, batch), saved, mask)
+    return {
+        "rank": rank,
+        "before_load": fresh,
+        "after_load": loaded,
+        "update_after_load": {"grad_norm": out["metrics"].get("grad_norm"), "logprobs_moved": moved},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="a tiny DeepSeek-V3 checkpoint")
     parser.add_argument(
         "--work", type=Path, required=True, help="where the export, checkpoint and results go"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="a fresh engine loads the checkpoint a run without it left in --work",
     )
     args = parser.parse_args()
     import torch
@@ -271,8 +336,9 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        result = run(args.model, args.work)
-        (args.work / f"result-r{dist.get_rank()}.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = (resume if args.resume else run)(args.model, args.work)
+        name = "resume" if args.resume else "result"
+        (args.work / f"{name}-r{dist.get_rank()}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"RESULT r{dist.get_rank()} " + json.dumps(result), flush=True)
     finally:
         dist.destroy_process_group()
