@@ -30,9 +30,9 @@ only the collectives issued for routed experts: while the bridge converts a rout
 megatron_to_hf is wrapped to mark it) and the adapter's all_to_all_single calls. Byte counts of tensors, not RSS.
 
 No monkeypatch of the engine: what the CPU needs is the overlay's (cpu-0014, cpu-0016, cpu-0017), the engine is
-built as tests/harness/megatron_engine_091_driver.py builds it (its build_engine: TrainingWorker's EngineRegistry.new,
+built as ascend_rl/harness/megatron_engine_091.py builds it (its build_engine: TrainingWorker's EngineRegistry.new,
 fp32, the DeepSeek CPU profile's override_transformer_config), in verl 0.9.1's e2e environment with the 0.9.1
-Megatron packages (artifacts.megatron_packages) and tests/harness on PYTHONPATH, the recipe's CPU launch environment. The only
+Megatron packages (artifacts.megatron_packages) and the repository on PYTHONPATH, the recipe's CPU launch environment. The only
 monkeypatches are this driver's own controls (the swapped block map, the shifted local id, mbridge's flag).
 """
 
@@ -220,12 +220,13 @@ def planner_bytes(
 
 
 def build_engine(model: Path, ep: int, pp: int):
-    """The harness driver's engine (tests/harness/megatron_engine_091_driver.py), with PP `pp` when above 1: its
+    """The harness driver's engine (ascend_rl/harness/megatron_engine_091.py), with PP `pp` when above 1: its
     McoreEngineConfig is given pipeline_model_parallel_size (configuration, not a patch of the engine)."""
     import functools
 
-    import megatron_engine_091_driver as driver  # tests/harness, on the caller's PYTHONPATH
     import verl.workers.config as config
+
+    from ascend_rl.harness import megatron_engine_091 as driver  # the repository, on the caller's PYTHONPATH
 
     if pp == 1:
         return driver.build_engine(model, ep)

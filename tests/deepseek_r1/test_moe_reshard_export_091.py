@@ -359,7 +359,7 @@ def make_tiny_deepseek(python: Path, out: Path) -> None:
 @pytest.fixture(scope="module")
 def driver_setup(e2e_python_091, pristine_base, tmp_path_factory):
     """(python, tree, model, env, work): verl 0.9.1's e2e environment with the 0.9.1 Megatron packages on PYTHONPATH
-    (as tests/harness' engine run has them), the tree with the CPU overlay and ds-0206, the recipe's CPU launch
+    (as the harness' engine run has them), the tree with the CPU overlay and ds-0206, the recipe's CPU launch
     environment."""
     packages = get_artifact(
         "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, e2e_python_091, "0.9.1"
@@ -371,7 +371,7 @@ def driver_setup(e2e_python_091, pristine_base, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
     env.update(manifest.resolve_launch(recipe_on_091(), BASE, profile="cpu").cpu_env)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(tree), str(packages), str(REPO / "tests" / "harness")]),
+        PYTHONPATH=os.pathsep.join([str(tree), str(packages), str(REPO)]),
         OMP_NUM_THREADS="1",
         CUDA_VISIBLE_DEVICES="",
     )
