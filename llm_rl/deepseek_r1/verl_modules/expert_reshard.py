@@ -14,9 +14,18 @@
 """Routed experts of the Megatron weight sync by AlltoAllV (rollout.expert_reshard=alltoallv).
 
 The planner and executor are verl/utils/megatron/moe_reshard.py, which the overlay installs beside this module
-(the recipe repository's ascend_rl/moe_reshard.py, one self-contained file); this module adapts them to
-per_tensor_generator. Neither imports the recipe repository nor megatron: the generator passes what it reads from
-parallel_state in an ExpertSyncLayout.
+(the recipe repository's ascend_rl/moe_reshard.py, one self-contained file); this module adapts them to each
+base's Megatron export:
+
+- verl 0.6.0 / 0.7.1 (ds-0006, ds-0106): per_tensor_generator, which passes what it reads from parallel_state in
+  an ExpertSyncLayout and calls ExpertReshard.route per expert tensor;
+- verl 0.9.1 (ds-0206): MegatronEngine.get_per_tensor_param, which exports through Megatron-Bridge
+  (AutoBridge.export_hf_weights, one WeightConversionTask per parameter); export_hf_weights_alltoallv takes the
+  routed-expert tasks out of the bridge's list, hands the rest to the bridge unchanged, and routes each expert
+  task's local tensor (task.param_weight) itself, so neither the bridge's PP broadcast nor its EP all-gather
+  (MegatronParamMapping.gather_from_ep_ranks) runs for routed experts.
+
+Nothing here imports the recipe repository; megatron is imported only by layout_from_megatron (0.9.1's path).
 """
 
 import importlib
@@ -24,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,15 +158,20 @@ class ExpertReshard:
     def route(self, name: str, tensor: torch.Tensor | None, owner_stage: int, shape, dtype) -> list:
         """[(global expert name, tensor)] this rank's rollout engine keeps, from Megatron's `...weight<local id>`."""
         prefix, local_id = name.split(".weight")
-        if int(local_id) == 0:  # the planner's figures cover one (layer, parameter): all its local expert ids
+        pairs = self.route_local(int(local_id), tensor, owner_stage, shape, dtype)
+        return [(f"{prefix}.weight{expert}", t) for expert, t in pairs]
+
+    def route_local(self, local_id: int, tensor: torch.Tensor | None, owner_stage: int, shape, dtype) -> list:
+        """[(global expert id, tensor)] this rank's rollout engine keeps of the experts at local index `local_id`."""
+        if local_id == 0:  # the planner's figures cover one (layer, parameter): all its local expert ids
             nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             step = self.mr.expert_step_traffic(self.plan, dist.get_rank(self.group), owner_stage, nbytes)
             for key in self.planned:
                 self.planned[key] += step[key]
-        pairs = self.mr.route_expert_tensor(
+        return self.mr.route_expert_tensor(
             self.plan,
             owner_stage,
-            int(local_id),
+            local_id,
             tensor,
             shape=tuple(shape),
             dtype=dtype,
@@ -164,7 +179,6 @@ class ExpertReshard:
             group=self.group,
             meter=self.meter,
         )
-        return [(f"{prefix}.weight{expert}", t) for expert, t in pairs]
 
     def report(self) -> dict:
         """This rank's routed-expert bytes of one sync against the plan's; a warning when they differ.
@@ -223,3 +237,200 @@ def make_expert_reshard(
             )
         return None
     return ExpertReshard(mr, plan, group=group, device=device, meter=meter)
+
+
+# ----------------------------------------------------------------------------- verl 0.9.1: Megatron-Bridge's export
+#
+# MegatronEngine.get_per_tensor_param exports through AutoBridge.export_hf_weights(module, conversion_tasks=...): one
+# WeightConversionTask per Megatron parameter, the same global list on every rank (sorted by layer and expert
+# number). A routed expert's task holds, on the PP stage that owns it, the local tensor of ONE local expert
+# (task.param_weight: SequentialMLP's local_experts.<L>.linear_fcK.weight or the grouped linear_fcK.weight<L>)
+# under the global name of this EP rank's expert (`...linear_fcK.weight<G>`, G = ep_rank * E/EP + L), and the HF
+# name(s) of that expert in task.mapping.hf_param (a dict gate / up for the fused linear_fc1, a string for
+# linear_fc2); off the owning stage param_weight is None. The bridge converts it by a PP broadcast, the expert-TP
+# gather and an all-gather over EP (gather_from_ep_ranks), yielding every EP rank's expert at that local index.
+
+EXPERT_NUMBER = re.compile(r"experts\.(\d+)")
+# mappings whose megatron_to_hf, at expert TP 1, is the identity before gather_from_ep_ranks (hf_param a string) or a
+# split of the fused tensor along dim 0 in hf_param's order (gate, up); any other expert mapping falls back
+IDENTITY_MAPPINGS = (
+    "AutoMapping",
+    "ColumnParallelMapping",
+    "RowParallelMapping",
+    "DirectMapping",
+    "ReplicatedMapping",
+)
+CHUNKED_MAPPINGS = {"GatedMLPMapping": ("gate", "up")}
+
+
+def is_routed_expert_task(task: Any) -> bool:
+    """True for a conversion task of a routed expert (the bridge's own test), adapters excluded."""
+    mapping = getattr(task, "mapping", None)
+    return mapping is not None and bool(mapping.is_expert) and not bool(mapping.is_adapter)
+
+
+def split_conversion_tasks(tasks: list) -> tuple[list, list]:
+    """(routed-expert tasks, the others), each in the bridge's order."""
+    experts = [task for task in tasks if is_routed_expert_task(task)]
+    rest = [task for task in tasks if not is_routed_expert_task(task)]
+    return experts, rest
+
+
+def local_expert_id(task: Any, experts_per_rank: int) -> int:
+    """The local index of the task's expert: its global number (after .weight / .bias) modulo E/EP."""
+    name = task.mapping.megatron_param
+    for key in (".weight", ".bias"):
+        if key in name:
+            return int(name.split(key)[-1]) % experts_per_rank
+    raise ValueError(f"{name}: no expert number after .weight or .bias")
+
+
+def hf_templates(mapping: Any) -> tuple[str, ...] | None:
+    """The HF names of one expert's pieces, in the order they lie along dim 0 of its tensor; None: unsupported."""
+    kind = type(mapping).__name__
+    hf_param = mapping.hf_param
+    if kind in IDENTITY_MAPPINGS and isinstance(hf_param, str):
+        return (hf_param,)
+    keys = CHUNKED_MAPPINGS.get(kind)
+    if keys is not None and isinstance(hf_param, dict) and set(hf_param) == set(keys):
+        return tuple(hf_param[key] for key in keys)
+    return None
+
+
+def hf_pieces(
+    templates: tuple[str, ...], expert: int, tensor: torch.Tensor
+) -> list[tuple[str, torch.Tensor]]:
+    """[(HF name, tensor)] of global expert `expert`: the bridge's names (experts.<id> replaced as
+    gather_from_ep_ranks does) and its split of a fused tensor (torch.chunk along dim 0)."""
+    parts = torch.chunk(tensor, len(templates), dim=0) if len(templates) > 1 else (tensor,)
+    return [
+        (EXPERT_NUMBER.sub(f"experts.{expert}", template), part)
+        for template, part in zip(templates, parts, strict=True)
+    ]
+
+
+def expert_signature(task: Any, experts_per_rank: int) -> str:
+    """The task's Megatron name with its expert number replaced by the local index: equal on every EP rank."""
+    name = task.mapping.megatron_param
+    for key in (".weight", ".bias"):
+        if key in name:
+            prefix = name.split(key)[0]
+            return f"{prefix}{key}<{local_expert_id(task, experts_per_rank)}>"
+    return name
+
+
+def layout_from_megatron(rollout_config: Any, num_experts: int) -> ExpertSyncLayout:
+    """ExpertSyncLayout from Megatron's parallel_state (initialised by the engine) and the rollout config."""
+    from megatron.core import parallel_state as mpu
+
+    return layout_from_rollout_config(
+        rollout_config,
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        train_tp=mpu.get_tensor_model_parallel_world_size(),
+        train_ep=mpu.get_expert_model_parallel_world_size(),
+        train_pp=mpu.get_pipeline_model_parallel_world_size(),
+        expert_tp=mpu.get_expert_tensor_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        num_experts=num_experts,
+    )
+
+
+def _engine_refusal(engine: Any, rollout_config: Any) -> str | None:
+    """Why the engine's export cannot take the AlltoAllV path (the same on every rank), or None."""
+    if getattr(engine, "vanilla_bridge", False):
+        return "the export is mbridge's (megatron.vanilla_mbridge=True), not Megatron-Bridge's"
+    if getattr(engine, "peft_cls", None) is not None:
+        return "LoRA: the bridge merges or exports adapters per task"
+    if getattr(engine, "_qat_enabled", False):
+        return "QAT: the export goes through QATWeightExporter"
+    if (rollout_config.get("pipeline_model_parallel_size", 1) or 1) > 1:
+        return "the rollout is pipeline-parallel (the plan assumes rollout PP 1)"
+    return None
+
+
+def export_hf_weights_alltoallv(engine: Any, default: Any, rollout_config: Any, *, meter: dict | None = None):
+    """The engine's HF export with its routed experts by AlltoAllV; `default` (the bridge's own export) on fallback.
+
+    `engine` is verl 0.9.1's MegatronEngine (or a subclass) after load_megatron_model_to_gpu. Collective: every rank
+    calls it in the same sync. It agrees the path once (make_expert_reshard), then returns a generator that yields
+    the bridge's export of every non-expert task (AutoBridge.export_hf_weights with the rest of the task list), then
+    for each routed-expert task in the bridge's order the experts this rank's rollout engine keeps, under the names
+    and in the pieces the bridge would yield, and finally checks its bytes against the plan (ExpertReshard.report).
+    """
+    mode = rollout_config.get("expert_reshard", "allgather")
+    if mode not in ("allgather", "alltoallv"):
+        raise ValueError(f"rollout.expert_reshard must be allgather or alltoallv, got {mode!r}")
+    if mode == "allgather":
+        return default
+    reason = _engine_refusal(engine, rollout_config)
+    tasks = None if reason else engine._mbridge_export_tasks()
+    if reason is None and tasks is None:
+        reason = "the bridge plans its own FP8 export tasks (export_weight_dtype=fp8)"
+    experts = rest = []
+    if reason is None:
+        experts, rest = split_conversion_tasks(tasks)
+        templates = [hf_templates(task.mapping) for task in experts]
+        unsupported = sorted(
+            {type(t.mapping).__name__ for t, tpl in zip(experts, templates, strict=True) if not tpl}
+        )
+        if not experts:
+            reason = "the bridge's tasks hold no routed expert"
+        elif unsupported:
+            reason = (
+                f"routed experts converted by {', '.join(unsupported)}, which this module does not reproduce"
+            )
+    if reason is not None:
+        logger.warning(
+            "rollout.expert_reshard=alltoallv: routed experts fall back to the EP all-gather: %s", reason
+        )
+        return default
+
+    num_experts = engine.tf_config.num_moe_experts
+    layout = layout_from_megatron(rollout_config, num_experts)
+    owned = [task.param_weight is not None for task in experts]
+    device = next((task.param_weight.device for task in experts if task.param_weight is not None), None)
+    reshard = make_expert_reshard(mode, layout, device=device, meter=meter)
+    if reshard is None:  # make_expert_reshard logged the line
+        return default
+    per = num_experts // layout.train_ep
+    # which stage owns each expert task, its tensor's shape and dtype, and that every rank lists the same
+    # (layer, parameter, local id) sequence: one object gather over the world per sync
+    mine = [
+        (
+            expert_signature(task, per),
+            layout.pp_rank if own else None,
+            (tuple(task.param_weight.shape), str(task.param_weight.dtype)) if own else None,
+        )
+        for task, own in zip(experts, owned, strict=True)
+    ]
+    everyone: list = [None] * layout.world_size
+    dist.all_gather_object(everyone, mine)
+    if any([row[0] for row in theirs] != [row[0] for row in mine] for theirs in everyone):
+        logger.warning(
+            "rollout.expert_reshard=alltoallv: routed experts fall back to the EP all-gather: "
+            "the ranks list the bridge's expert tasks in different orders"
+        )
+        return default
+    owners, specs = [], []
+    for index in range(len(experts)):
+        found = {(row[index][1], row[index][2]) for row in everyone if row[index][1] is not None}
+        if len(found) != 1:
+            raise RuntimeError(
+                f"{mine[index][0]}: held on stages with shapes {sorted(map(str, found))}, not one"
+            )
+        ((stage, (shape, dtype)),) = found
+        owners.append(stage)
+        specs.append((shape, getattr(torch, dtype.removeprefix("torch."))))
+
+    def generate():
+        yield from engine.bridge.export_hf_weights(engine.module, conversion_tasks=rest)
+        for task, stage, (shape, dtype) in zip(experts, owners, specs, strict=True):
+            local = None if task.param_weight is None else task.param_weight.detach()
+            templates = hf_templates(task.mapping)
+            for expert, tensor in reshard.route_local(local_expert_id(task, per), local, stage, shape, dtype):
+                yield from hf_pieces(templates, expert, tensor)
+        reshard.report()  # this rank's routed-expert bytes against the plan's
+
+    return generate()
