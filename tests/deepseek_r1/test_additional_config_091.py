@@ -15,9 +15,10 @@ import zipfile
 
 import pytest
 
-from ascend_rl import artifacts, manifest, overlay, preflight
+from ascend_rl import artifacts, manifest, preflight
 from ascend_rl.paths import REPO
 from ci_policy import get_artifact
+from patched_tree import patched_copy
 
 BASE = "0.9.1"
 UTILS = "verl/workers/rollout/vllm_rollout/utils.py"
@@ -36,12 +37,7 @@ def pristine(pristine_base):
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory, pristine, recipe):
-    import shutil
-
-    dest = tmp_path_factory.mktemp("ds091cfg") / "verl"
-    shutil.copytree(pristine, dest, symlinks=True)
-    overlay.apply_series(recipe, dest, log=lambda m: None)
-    return dest
+    return patched_copy(pristine, tmp_path_factory.mktemp("ds091cfg") / "verl", recipe)
 
 
 def _base(extra):
@@ -69,39 +65,48 @@ def test_additional_config_composes_only_on_the_patched_tree(tree, pristine, rec
     ).actor_rollout_ref.rollout.engine_kwargs.vllm
 
 
-def test_additional_config_reaches_vllms_command_line_as_json(tree):
-    """RolloutConfig from the composed config, the server's null filter (vllm_async_server.py:288), 0.9.1's own
-    build_cli_args_from_config (read from the tree, run here)."""
-    script = f"""
+# The composed rollout section (stdin, YAML) through RolloutConfig, the server's null filter
+# (vllm_async_server.py:288) and the tree's own build_cli_args_from_config (argv[1]: its utils.py; the module imports
+# vLLM, so the function is taken out of it and run alone): the vLLM command line, as JSON on the last line.
+_TO_CLI = r"""
 import ast, json, sys
 from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
-tree = sys.argv[1]
-cfg = OmegaConf.load(tree + "/verl/trainer/config/_generated_ppo_megatron_trainer.yaml").actor_rollout_ref.rollout
-cfg.name = "vllm"
-cfg.engine_kwargs.vllm.additional_config = {{"multistream_overlap_shared_expert": True}}
-rollout = omega_conf_to_dataclass(cfg)
-kwargs = {{k: v for k, v in rollout.get("engine_kwargs", {{}}).get("vllm", {{}}).items() if v is not None}}
-unset = {{k: v for k, v in OmegaConf.to_container(
-    OmegaConf.load(tree + "/verl/trainer/config/rollout/rollout.yaml").engine_kwargs.vllm).items() if v is not None}}
-src = open(tree + "/{UTILS}").read()
-fn = next(n for n in ast.parse(src).body if getattr(n, "name", "") == "build_cli_args_from_config")
-ns = {{"json": json, "Any": object}}
-exec(compile(ast.Module(body=[fn], type_ignores=[]), "{UTILS}", "exec"), ns)
-print(json.dumps([ns["build_cli_args_from_config"](kwargs), ns["build_cli_args_from_config"](unset)]))
+
+rollout = omega_conf_to_dataclass(OmegaConf.create(sys.stdin.read()))
+engine = {k: v for k, v in rollout.engine_kwargs.get("vllm", {}).items() if v is not None}
+builder = [n for n in ast.parse(open(sys.argv[1]).read()).body if getattr(n, "name", "") == "build_cli_args_from_config"]
+space = {"json": json, "Any": object}
+exec(compile(ast.Module(body=builder, type_ignores=[]), sys.argv[1], "exec"), space)
+print(json.dumps(space["build_cli_args_from_config"](engine)))
 """
-    env = {**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _vllm_args(tree, overrides) -> list[str]:
+    from omegaconf import OmegaConf
+
+    cfg = preflight.compose(tree, "ppo_megatron_trainer", _base(overrides))
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tree)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _TO_CLI, str(tree / UTILS)],
+        input=OmegaConf.to_yaml(cfg.actor_rollout_ref.rollout, resolve=True),
+        env={**os.environ, "PYTHONPATH": str(tree), "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    args, unset = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert args[0] == "--additional_config" and len(args) == 2
-    assert json.loads(args[1]) == {"multistream_overlap_shared_expert": True}
-    assert unset == [], "null leaves vLLM's additional_config unset"
-    # the server drops null engine arguments before it builds the command line
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_additional_config_reaches_vllms_command_line_as_json(tree, recipe):
+    """The launcher's override, composed on the patched tree, leaves 0.9.1's command-line builder as the JSON vLLM
+    parses; unset (null) it leaves no --additional_config at all."""
+    args = _vllm_args(tree, [_launcher_override(recipe)])
+    i = args.index("--additional_config")
+    assert json.loads(args[i + 1]) == {"multistream_overlap_shared_expert": True}
+    assert "--additional_config" not in _vllm_args(tree, [])
     server = (tree / "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text().splitlines()
-    assert "if val is not None" in server[287]
+    assert "if val is not None" in server[287], "the server's null filter moved: re-read vllm_async_server.py"
 
 
 def test_vllm_0_23_and_vllm_ascend_0_23_take_the_launchers_key(recipe):

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -28,14 +26,14 @@ ID = re.compile(r"(?:shared|ds)-\d{4}")
 PORT_OF = re.compile(r"The 0\.9\.1 port of ((?:shared|ds)-\d{4})")
 
 
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ascend_rl", "overlay", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """`python3 -m ascend_rl overlay ARGS` in this process: (exit status, stdout, stderr)."""
+    from ascend_rl.cli import overlay as overlay_cli
+
+    capsys.readouterr()
+    code = overlay_cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
@@ -221,36 +219,32 @@ def test_every_retired_row_cites_lines_the_map_checks(recipe, pristine_base):
 
 
 def test_status_lists_the_series_and_what_is_pending_and_apply_revert_are_byte_exact(
-    recipe, pristine_base, tmp_path
+    recipe, pristine_base, tmp_path, capsys
 ):
     tree = tmp_path / "verl-0.9.1"
     shutil.copytree(pristine_base(BASE), tree, symlinks=True)
     pristine = tree_bytes(tree)
-    status = cli("status", "deepseek_r1", "--base", BASE, "--target", tree)
-    assert status.returncode == 0, status.stderr
-    rows = [ln.split() for ln in status.stdout.splitlines()]
+    code, out, err = cli(capsys, "status", "deepseek_r1", "--base", BASE, "--target", tree)
+    assert code == 0, err
+    rows = [ln.split() for ln in out.splitlines()]
     assert [r[1] for r in rows if r and r[0] == "applicable"] == [patchset.patch_id(p) for p in recipe.series]
     assert [r[1] for r in rows if r and r[0] == "pending"] == list(recipe.pending)
-    assert "issue 46 step 3" in status.stdout and "an NPU launch is refused" in status.stdout
+    assert "issue 46 step 3" in out and "an NPU launch is refused" in out
 
-    apply = cli("apply", "deepseek_r1", "--base", BASE, "--target", tree)
-    assert apply.returncode == 0, apply.stderr
-    again = cli("status", "deepseek_r1", "--base", BASE, "--target", tree)
-    assert [r[0] for r in (ln.split() for ln in again.stdout.splitlines()) if r and r[0] == "applied"] == [
-        "applied"
-    ] * len(recipe.series)
+    assert cli(capsys, "apply", "deepseek_r1", "--base", BASE, "--target", tree)[0] == 0
+    code, out, _ = cli(capsys, "status", "deepseek_r1", "--base", BASE, "--target", tree)
+    assert [ln.split()[0] for ln in out.splitlines() if ln.startswith("  applied ")] == ["applied"] * len(
+        recipe.series
+    )
     assert tree_bytes(tree) != pristine
-    revert = cli("revert", "deepseek_r1", "--base", BASE, "--target", tree)
-    assert revert.returncode == 0, revert.stderr
+    assert cli(capsys, "revert", "deepseek_r1", "--base", BASE, "--target", tree)[0] == 0
     assert tree_bytes(tree) == pristine
 
-    listed = cli("list", "deepseek_r1", "--base", BASE)
-    assert listed.returncode == 0 and "ds-0103" in listed.stdout
-    assert all(f"pending     {pid}" in listed.stdout for pid in recipe.pending)
-    assert (
-        f"deepseek_r1: verl {BASE}, {len(recipe.series)} patches ({len(recipe.pending)} not yet ported)"
-        in cli("list").stdout
-    )
+    code, out, _ = cli(capsys, "list", "deepseek_r1", "--base", BASE)
+    assert code == 0 and "ds-0103" in out
+    assert all(f"pending     {pid}" in out for pid in recipe.pending)
+    summary = f"deepseek_r1: verl {BASE}, {len(recipe.series)} patches ({len(recipe.pending)} not yet ported)"
+    assert summary in cli(capsys, "list")[1]
 
 
 def test_no_other_base_reports_pending_ports():
@@ -260,21 +254,20 @@ def test_no_other_base_reports_pending_ports():
                 assert not spec.pending and spec.pending_line() is None, (name, spec.version)
 
 
-def test_a_0_9_1_tree_given_to_the_0_7_1_series_names_this_bases_evidence(pristine_base):
+def test_a_0_9_1_tree_given_to_the_0_7_1_series_names_this_bases_evidence(pristine_base, capsys):
     tree = pristine_base(BASE)
-    refused = cli("status", "deepseek_r1", "--base", "0.7.1", "--target", tree)
-    assert refused.returncode == 1 and "pass --base 0.9.1" in refused.stderr
-    assert "a base of deepseek_r1" in refused.stderr
-    forced = cli("status", "deepseek_r1", "--base", "0.7.1", "--target", tree, "--force")
+    code, _, err = cli(capsys, "status", "deepseek_r1", "--base", "0.7.1", "--target", tree)
+    assert code == 1 and "pass --base 0.9.1" in err and "a base of deepseek_r1" in err
+    _, out, _ = cli(capsys, "status", "deepseek_r1", "--base", "0.7.1", "--target", tree, "--force")
     rows = {
         ln.split()[1]: ln.split()[0]
-        for ln in forced.stdout.splitlines()
+        for ln in out.splitlines()
         if ln.split()[1:2] and ID.fullmatch(ln.split()[1])
     }
     # the fixes 0.9.1 took are told as carried, with the line this base's retired table records
-    assert rows["shared-0009"] == "carried" and "vllm_async_server.py:321-322" in forced.stdout
-    assert rows["shared-0011"] == "carried" and "ray_trainer.py:531" in forced.stdout
-    assert rows["ds-0113"] == "carried" and "router_replay_utils.py:207" in forced.stdout
+    assert rows["shared-0009"] == "carried" and "vllm_async_server.py:321-322" in out
+    assert rows["shared-0011"] == "carried" and "ray_trainer.py:531" in out
+    assert rows["ds-0113"] == "carried" and "router_replay_utils.py:207" in out
     # ds-0103 serves both bases from one file; the 0.7.1 ports of what 0.9.1 still lacks do not apply there
     assert rows["ds-0103"] == "applicable"
     assert {rows[pid] for pid in ("ds-0104", "ds-0106", "ds-0108", "ds-0109", "ds-0111")} == {"conflicting"}
