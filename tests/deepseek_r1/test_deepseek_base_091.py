@@ -171,7 +171,9 @@ def test_a_patch_left_out_or_put_twice_is_found(recipe):
 
 
 def test_each_pending_port_names_the_step_that_brings_it(recipe):
-    assert set(recipe.pending) == {"ds-0104", "ds-0106", "ds-0108", "ds-0109", "ds-0111"}
+    # the ports of steps 3-5; each leaves this table when its patch joins the series (the accounting above then
+    # finds it in both otherwise)
+    assert recipe.pending and set(recipe.pending) <= {"ds-0104", "ds-0106", "ds-0108", "ds-0109", "ds-0111"}
     text = DOC.read_text(encoding="utf-8")
     plan = text.split("## 4. Work plan", 1)[1]
     rows = {
