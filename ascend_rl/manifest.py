@@ -3,7 +3,8 @@ ordered patch series, and the default base) and an overlay's patches/<name>/over
 base, applied on top of a recipe's).
 
 A recipe manifest names its bases as `[bases."<version>"]` tables (tag, commit, sdist, sdist_sha256,
-series, optionally `retired`: the patches of another base this one no longer needs, with the evidence)
+series, optionally `retired`: the patches of another base this one no longer needs, with the evidence, and
+`pending`: the patches of another base this one still needs and does not carry yet, each with what ports it)
 and the default as `[upstream] default_base`. The older one-base form (`[upstream] version` with
 `[patches] series`) still reads, as a recipe with that single base. `[recipe] die` names the NPU die its launches
 run on, `[reward] path` and `function` the reward file (relative to the repository root) the launchers hand to verl.
@@ -86,11 +87,17 @@ class Recipe:
     bases: tuple[str, ...] = ()  # every base the recipe has, in its manifest's order
     default: str = ""  # the base used when none is named
     retired: dict[str, str] = field(default_factory=dict, compare=False)  # patch id -> evidence
+    # patch id -> what ports it: a fix this base still needs and its series lacks (a base with any is not ready for
+    # an NPU launch: the preflight refuses one, naming them)
+    pending: dict[str, str] = field(default_factory=dict, compare=False)
     note: str = ""  # what this base is for, from its manifest table
     image: str = ""  # the container image (CANN release) the base is run with on an NPU host
     image_source: str = ""  # where that image is named
     overrides: tuple[str, ...] = ()  # the Hydra overrides this base needs on top of the launcher's own
     cpu_overrides: tuple[str, ...] = ()  # and on top of the CPU profile's, when the launch runs on CPU
+    # and on top of a launcher's random-weights variant (DeepSeek's --variant random): how this base starts from
+    # random weights
+    random_overrides: tuple[str, ...] = ()
     # environment the CPU profile sets on this base (a user's value wins)
     cpu_env: tuple[tuple[str, str], ...] = ()
     die: str = ""  # the NPU die its launches run on ([recipe] die)
@@ -108,6 +115,20 @@ class Recipe:
     @property
     def default_target(self) -> Path:
         return self.folder / (self.tree or f"{self.project}-{self.version}")
+
+    def pending_line(self) -> str | None:
+        """One line naming the ports this base still lacks (its `pending` table) and what to do, or None when it
+        has none: what the preflight refuses an NPU launch with."""
+        if not self.pending:
+            return None
+        ports = ", ".join(self.pending)
+        others = [b for b in self.bases if b != self.version]
+        instead = f"launch on --base {' or '.join(others)}, " if others else ""
+        return (
+            f"{self.recipe} on verl {self.version} still lacks ports an NPU launch needs ({ports}; "
+            f"python3 -m ascend_rl overlay status {self.recipe} --base {self.version} says what ports each): "
+            f"{instead}or check this one with --dry-run"
+        )
 
     @property
     def cli(self) -> str:
@@ -166,11 +187,13 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             bases=tuple(bases),
             default=default,
             retired={str(k): str(v) for k, v in table.get("retired", {}).items()},
+            pending={str(k): str(v) for k, v in table.get("pending", {}).items()},
             note=str(table.get("note", "")),
             image=str(table.get("image", "")),
             image_source=str(table.get("image_source", "")),
             overrides=tuple(str(o) for o in table.get("overrides", ())),
             cpu_overrides=tuple(str(o) for o in table.get("cpu_overrides", ())),
+            random_overrides=tuple(str(o) for o in table.get("random_overrides", ())),
             cpu_env=tuple((str(k), str(v)) for k, v in table.get("cpu_env", {}).items()),
             die=str(data.get("recipe", {}).get("die", "")),
             reward=str(data.get("reward", {}).get("path", "")),
@@ -285,6 +308,7 @@ class Launch:
                 f"RECIPE_TREE={shlex.quote(str(self.verl_dir))}",
                 f"BASE_OVERRIDES={array(self.recipe.overrides)}",
                 f"BASE_CPU_OVERRIDES={array(self.overrides[len(self.recipe.overrides) :])}",
+                f"BASE_RANDOM_OVERRIDES={array(self.recipe.random_overrides)}",
                 f"BASE_CPU_ENV={array(f'{k}={v}' for k, v in self.cpu_env)}",
                 f"RECIPE_DIE={shlex.quote(self.die or '')}",
                 f"RECIPE_REWARD={shlex.quote(str(self.reward or ''))}",
@@ -312,6 +336,7 @@ class Launch:
             "reward": {"path": str(self.reward) if self.reward else None, "function": self.reward_function},
             "image": self.recipe.image,
             "constraints": self.recipe.constraints,
+            "pending": dict(self.recipe.pending),
         }
 
 

@@ -87,6 +87,16 @@ def _print_states(states: list[overlay.PatchState], root: Path) -> None:
             _say(f"              next: {st.next_step}")
 
 
+def _print_pending(recipe: manifest.Recipe) -> None:
+    """The ports the base still lacks (recipe.toml's `pending` table): one row each, with what ports it."""
+    if recipe.pending:
+        _say(
+            f"  not yet ported to {recipe.project} {recipe.version} ({len(recipe.pending)}; an NPU launch is refused until they are):"
+        )
+    for ident, what in recipe.pending.items():
+        _say(f"  {'pending':<11} {ident:<12} {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -184,14 +194,16 @@ def _run(args: argparse.Namespace) -> int:
         for patch in recipe.series:
             rel = patch.relative_to(REPO) if patch.is_relative_to(REPO) else patch
             _say(f"  {patchset.patch_id(patch) or '-':<12} {rel}")
+        _print_pending(recipe)
         return EXIT_OK
     if args.command == "list":
         for name in manifest.recipe_names():
             for recipe in manifest.recipe_bases(name):
                 mark = " (default)" if recipe.version == recipe.default and len(recipe.bases) > 1 else ""
                 note = f"; {recipe.note}" if recipe.note else ""
+                pending = f" ({len(recipe.pending)} not yet ported)" if recipe.pending else ""
                 _say(
-                    f"{name}: {recipe.project} {recipe.version}{mark}, {len(recipe.series)} patches, "
+                    f"{name}: {recipe.project} {recipe.version}{mark}, {len(recipe.series)} patches{pending}, "
                     f"tree {recipe.default_target.relative_to(REPO)}/{note}"
                 )
         for name in manifest.overlay_names():
@@ -229,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
         elif note := overlay.leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
         _print_states(states, root)
+        _print_pending(recipe)
         # another recipe's series on the tree explains files that differ from the release: name it, not local edits
         carried = overlay.carried_series(recipe, root, args.wait)
         if not carried and (note := overlay.content_note(recipe, root, args.wait)):

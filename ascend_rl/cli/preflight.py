@@ -157,6 +157,11 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
     except OverlayError as exc:
         print(f"preflight: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    # a base that still lacks ports (its recipe.toml `pending` table) is not launched on an NPU: one line, before
+    # anything is fetched or checked; a dry run reports it and goes on, the CPU profile is not refused
+    pending = None if args.cpu else launch.recipe.pending_line()
+    if pending and not args.dry_run:
+        return _fail(out, [pending])
     verl_dir = (args.verl_dir or launch.verl_dir).resolve()
     try:
         tree = plan_tree(launch, verl_dir, scratch)
@@ -167,6 +172,8 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
 
     composed = Check("config", "ok", f"{len(args.overrides)} overrides compose with {args.config_name}")
     checks = [tree.check, composed, check_verl_config(cfg, tree.view)]
+    if pending:
+        checks.append(Check("ports", "warn", f"{pending} (a real launch is refused)"))
     if args.nnodes is not None:
         checks.append(check_nodes(cfg, args.nnodes))
     layout = check_layout(cfg)

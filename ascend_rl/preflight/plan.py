@@ -136,7 +136,12 @@ def launch_plan(
         "verl": {
             "tree": str(verl_dir),
             "version": overlay.tree_version(view or verl_dir, spec.project),
-            "base": {"version": spec.version, "tag": spec.tag, "commit": spec.commit},
+            "base": {
+                "version": spec.version,
+                "tag": spec.tag,
+                "commit": spec.commit,
+                "pending": dict(spec.pending),
+            },
             "overlay": launch.overlay or None,
         },
         "argv": trainer_argv(args.config_name, args.overrides),

@@ -5,8 +5,10 @@
 #   bash run_deepseek_r1_a3.sh [--variant real|random] [--base VERSION] [--dry-run [--json]] [--cpu] [--help]
 #                              [hydra.override=value ...]
 #
-# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the sync rollout, every optimisation) or 0.7.1
-# (verl's own release for vLLM 0.13: the server-mode rollout); default: recipe.toml's default_base.
+# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the sync rollout, every optimisation), 0.7.1
+# (verl's own release for vLLM 0.13: the server-mode rollout) or 0.9.1 (today's stack, the engine workers: its
+# series is not complete yet, so only --dry-run and --cpu run there; a launch is refused in one line naming the
+# ports still pending); default: recipe.toml's default_base.
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
 # Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
@@ -66,8 +68,8 @@ source "$RECIPE_DIR/env.sh"
 source "$REPO_DIR/scripts/find_python.sh"
 recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 # The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
-# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV,
-# RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).
+# reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_RANDOM_OVERRIDES,
+# BASE_CPU_ENV, RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).
 # An unknown base or profile: one line, exit 2 (python3 -m ascend_rl resolve --help).
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
   || exit 2
@@ -140,7 +142,6 @@ OVERRIDES=(
   actor_rollout_ref.actor.megatron.expert_model_parallel_size=8
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8
   actor_rollout_ref.actor.megatron.param_offload=True
-  actor_rollout_ref.actor.megatron.grad_offload=True
   actor_rollout_ref.actor.megatron.optimizer_offload=True
   actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4
   actor_rollout_ref.ref.megatron.expert_model_parallel_size=8
@@ -163,9 +164,6 @@ OVERRIDES=(
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.gpu_memory_utilization=0.8
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
-  # Weight sync: each routed expert only to the rollout ranks that keep it (patch ds-0006, which installs the
-  # planner into the verl tree as verl/utils/megatron/moe_reshard.py).
-  actor_rollout_ref.rollout.expert_reshard=alltoallv
   trainer.device=npu
   trainer.nnodes="$NNODES"
   trainer.n_gpus_per_node="$NPUS_PER_NODE"
@@ -182,7 +180,10 @@ OVERRIDES=(
   trainer.experiment_name="$RUN_NAME"
   trainer.default_local_dir="$CKPT_DIR/$RUN_NAME"
 )
-# What the base's rollout takes: its [bases."B"] overrides in recipe.toml (the reasons are there), resolved above.
+# What the base's rollout takes: its [bases."B"] overrides in recipe.toml (the reasons are there), resolved above;
+# among them the weight sync's expert routing (rollout.expert_reshard=alltoallv: each routed expert only to the
+# rollout ranks that keep it), on the bases whose series carries the reshard, and the gradients' offload where verl
+# has a key for it (megatron.grad_offload; 0.9.1's param_offload frees the gradient buffer with the parameters).
 OVERRIDES+=("${BASE_OVERRIDES[@]}")
 case "$VARIANT" in
   real) OVERRIDES+=(
@@ -200,8 +201,9 @@ case "$VARIANT" in
   random) OVERRIDES+=(
     actor_rollout_ref.rollout.data_parallel_size=128
     actor_rollout_ref.rollout.expert_parallel_size=256
-    actor_rollout_ref.actor.load_weight=False
-    actor_rollout_ref.ref.load_weight=False
+    # how the base starts from random weights: its random_overrides in recipe.toml (load_weight=False on 0.6.0 and
+    # 0.7.1), resolved above
+    "${BASE_RANDOM_OVERRIDES[@]}"
   ) ;;
   *) echo "run_deepseek_r1_a3.sh: error: --variant must be real or random, not '$VARIANT'" >&2; exit 2 ;;
 esac

@@ -1,0 +1,147 @@
+"""run_deepseek_r1_a3.sh --base 0.9.1 (issue 46, step 1): the dry run composes verl 0.9.1's own ppo_megatron_trainer
+with the launcher's overrides on a patched copy of the tree, runs 0.9.1's validate_config and writes nothing; the
+overrides 0.9.1 has no key for are the other bases' only; a real NPU launch is refused in one line naming the ports
+recipe.toml still lists as pending, before anything is fetched, patched or started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ascend_rl import manifest
+from ascend_rl.paths import REPO
+from launcher_env import LAUNCHERS, dry_run_plan, launcher_env, run_launcher
+
+BASE = "0.9.1"
+LAUNCHER = LAUNCHERS[2]
+# what the other bases' launches carry and 0.9.1's config has no key for (or its series no port of yet)
+NOT_ON_091 = (
+    "actor_rollout_ref.actor.megatron.use_mbridge",  # 0.9.1's engine asserts the bridge
+    "actor_rollout_ref.actor.megatron.grad_offload",  # no key; param_offload frees the gradient buffer
+    "actor_rollout_ref.actor.load_weight",  # no key; every engine loads the checkpoint
+    "actor_rollout_ref.ref.load_weight",
+)
+# and the keys a pending port declares: absent while it is pending (the launch could not compose them)
+KEY_OF_PORT = {
+    "ds-0106": "actor_rollout_ref.rollout.expert_reshard",
+    "ds-0104": "actor_rollout_ref.rollout.explicit_offload",
+}
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def pristine_091(tmp_path, pristine_base) -> Path:
+    import shutil
+
+    tree = tmp_path / "verl-0.9.1"
+    shutil.copytree(pristine_base(BASE), tree, symlinks=True)
+    return tree
+
+
+def test_the_dry_run_composes_0_9_1s_config_and_writes_nothing(tmp_path, pristine_091):
+    recipe = manifest.load_recipe("deepseek_r1", BASE)
+    before = tree_bytes(pristine_091)
+    env = launcher_env(tmp_path, pristine_091)
+    env.pop("VERL_BASE")
+    proc = run_launcher(LAUNCHER, ["--base", BASE, "--dry-run", "--json"], env)
+    plan = dry_run_plan(proc)
+    assert plan["verl"]["version"] == plan["verl"]["base"]["version"] == BASE
+    assert plan["verl"]["base"]["pending"] == recipe.pending
+    report = proc.stderr
+    assert (
+        f"{len(recipe.series)} of {len(recipe.series)} patches to apply: checked on a patched copy" in report
+    )
+    assert "validate   ok       verl's validate_config passes" in report
+    assert "ports      warn" in report and "(a real launch is refused)" in report
+    final = plan["overrides"]
+    assert final["trainer.use_v1"] == "False"
+    assert (
+        "multistream_overlap_shared_expert"
+        in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]
+    )
+    assert final["actor_rollout_ref.actor.recompute_old_log_prob"] == "False"  # shared-0016's key composes
+    absent = set(NOT_ON_091) | {key for pid, key in KEY_OF_PORT.items() if pid in recipe.pending}
+    assert not [k for k in final if k.lstrip("+") in absent], [k for k in final if k.lstrip("+") in absent]
+    assert final["actor_rollout_ref.actor.megatron.param_offload"] == "True"
+    # nothing written: the tree, the run folders
+    assert tree_bytes(pristine_091) == before
+    assert not (tmp_path / "run_log").exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_the_random_variant_on_0_9_1_takes_no_load_weight_and_the_others_keep_it(tmp_path, pristine_091):
+    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE)
+    plan = dry_run_plan(run_launcher(LAUNCHER, ["--variant", "random", "--dry-run", "--json"], env))
+    final = plan["overrides"]
+    assert final["actor_rollout_ref.rollout.expert_parallel_size"] == "256"
+    assert (
+        "actor_rollout_ref.actor.load_weight" not in final
+        and "actor_rollout_ref.ref.load_weight" not in final
+    )
+    for base in ("0.6.0", "0.7.1"):
+        other = manifest.load_recipe("deepseek_r1", base)
+        assert other.random_overrides == (
+            "actor_rollout_ref.actor.load_weight=False",
+            "actor_rollout_ref.ref.load_weight=False",
+        )
+        assert "actor_rollout_ref.rollout.expert_reshard=alltoallv" in other.overrides
+        assert "actor_rollout_ref.actor.megatron.grad_offload=True" in other.overrides
+
+
+def test_a_real_launch_on_0_9_1_is_refused_in_one_line_naming_the_pending_ports(tmp_path, pristine_091):
+    recipe = manifest.load_recipe("deepseek_r1", BASE)
+    before = tree_bytes(pristine_091)
+    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE)
+    proc = run_launcher(LAUNCHER, [], env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        "preflight: error: deepseek_r1 on verl 0.9.1 still lacks ports an NPU launch needs"
+    )
+    assert all(pid in lines[0] for pid in recipe.pending) and "--base 0.6.0 or 0.7.1" in lines[0]
+    assert "--dry-run" in lines[0]
+    assert tree_bytes(pristine_091) == before and not (tmp_path / "run_log").exists()
+
+
+def test_the_refusal_is_the_npu_launchs_only(base_tree):
+    """The CPU profile and the bases with nothing pending go on to their checks: here a misspelt key is what stops
+    them, never the pending ports (the same command with the NPU profile on 0.9.1 stops at those first)."""
+    trees = {base: base_tree(base) for base in (BASE, "0.7.1")}
+
+    def preflight(base: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "ascend_rl", "preflight", "--recipe", "deepseek_r1", "--base", base,
+             "--config-name", "ppo_megatron_trainer", "--verl-dir", str(trees[base]), *extra,
+             "--", "trainer.no_such_key=1"],
+            capture_output=True, text=True, cwd=REPO, timeout=300,
+        )  # fmt: skip
+
+    npu = preflight(BASE)
+    assert npu.returncode == 1 and "still lacks ports" in npu.stderr and "no_such_key" not in npu.stderr
+    assert len(npu.stderr.strip().splitlines()) == 1, npu.stderr
+    for base, extra in ((BASE, ("--cpu", "--with", "cpu")), ("0.7.1", ())):
+        proc = preflight(base, *extra)
+        assert proc.returncode == 1 and "still lacks ports" not in proc.stderr, proc.stderr
+        assert "config has no key trainer.no_such_key" in proc.stderr, proc.stderr
+
+
+def test_resolve_names_the_base_its_series_image_and_what_is_pending():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "resolve", "deepseek_r1", "--base", BASE],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    recipe = manifest.load_recipe("deepseek_r1", BASE)
+    assert out["base"] == BASE and out["default_base"] == "0.6.0" and BASE in out["bases"]
+    assert out["series"] == [str(p.relative_to(REPO)) for p in recipe.series]
+    assert out["image"] == "quay.io/ascend/cann:9.1.0-a3-ubuntu22.04-py3.12"
+    assert out["constraints"] == "constraints-0.9.1.txt" and out["pending"] == recipe.pending
+    assert "trainer.use_v1=False" in out["overrides"]
