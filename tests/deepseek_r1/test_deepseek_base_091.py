@@ -122,10 +122,11 @@ def test_the_base_is_qwens_pin_on_the_a3_image_and_the_default_stays(recipe):
     assert recipe.image == qwen.image.replace("-910b-", "-a3-") and "Dockerfile.a3:18" in recipe.image_source
     assert "trainer.use_v1=False" in recipe.overrides
     assert recipe.default == "0.6.0"
-    # the carried shared ports, in Qwen's order, then the recipe's own: ds-0103 serves 0.7.1 and 0.9.1 from one file
+    # the carried shared ports, in Qwen's order, then the recipe's own: ds-0103 serves 0.7.1 and 0.9.1 from one file,
+    # ds-0206 is ds-0106's port (the reshard inside the bridge's export)
     ids = [patchset.patch_id(p) for p in recipe.series]
-    assert ids == [*(patchset.patch_id(p) for p in qwen.series), "ds-0103"]
-    assert BASE in patchdoc.header_bases(patchdoc.read_header(recipe.series[-1]))
+    assert ids == [*(patchset.patch_id(p) for p in qwen.series), "ds-0103", "ds-0206"]
+    assert all(BASE in patchdoc.header_bases(patchdoc.read_header(p)) for p in recipe.series[-2:])
 
 
 def test_the_image_is_the_one_vllm_ascends_a3_dockerfile_builds_on(recipe):
@@ -160,8 +161,8 @@ def test_a_patch_left_out_or_put_twice_is_found(recipe):
     earlier, fates = earlier_patches(), map_fates()
     dropped = replace(recipe, retired={k: v for k, v in recipe.retired.items() if k != "ds-0112"})
     assert unaccounted(dropped, earlier, fates) == ["ds-0112: neither in the series, retired nor pending"]
-    twice = replace(recipe, retired={**recipe.retired, "ds-0106": "x"})
-    assert unaccounted(twice, earlier, fates) == ["ds-0106: retired and pending"]
+    twice = replace(recipe, retired={**recipe.retired, "ds-0104": "x"})
+    assert unaccounted(twice, earlier, fates) == ["ds-0104: retired and pending"]
     against = replace(
         recipe,
         pending={k: v for k, v in recipe.pending.items() if k != "ds-0111"},
@@ -231,7 +232,7 @@ def test_status_lists_the_series_and_what_is_pending_and_apply_revert_are_byte_e
     rows = [ln.split() for ln in out.splitlines()]
     assert [r[1] for r in rows if r and r[0] == "applicable"] == [patchset.patch_id(p) for p in recipe.series]
     assert [r[1] for r in rows if r and r[0] == "pending"] == list(recipe.pending)
-    assert "issue 46 step 3" in out and "an NPU launch is refused" in out
+    assert "issue 46 step 4" in out and "an NPU launch is refused" in out
 
     assert cli(capsys, "apply", "deepseek_r1", "--base", BASE, "--target", tree)[0] == 0
     code, out, _ = cli(capsys, "status", "deepseek_r1", "--base", BASE, "--target", tree)

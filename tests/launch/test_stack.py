@@ -221,7 +221,11 @@ def test_git_source_lines_are_validated_and_printed(tmp_path):
 
 
 def test_the_repository_pins_every_deepseek_extra_and_mindspeed_by_commit():
-    pins = {check_stack._norm(n) for n, _ in check_stack.read_pins(CONSTRAINTS)}
+    """Each extra is pinned by the constraints file of a DeepSeek base that installs it (Megatron-Bridge: verl
+    0.9.1's engine only), and nowhere else is a version written."""
+    files = {REPO / spec.constraints for spec in manifest.recipe_bases("deepseek_r1")}
+    assert files == {CONSTRAINTS, REPO / "constraints-0.9.1.txt"}, files
+    pins = {check_stack._norm(n) for f in files for n, _ in check_stack.read_pins(f)}
     assert set(check_stack.recipe_extras()["deepseek_r1"]) <= pins
     url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
     assert url.startswith("https://") and "MindSpeed" in url and re.fullmatch(r"[0-9a-f]{40}", commit)

@@ -145,10 +145,11 @@ def test_every_hunk_edited_by_hand_is_reported_edited(name, base, base_tree, pri
 
 
 def test_status_apply_revert_on_an_edited_tree(base_tree, pristine_base) -> None:
-    """The issue's case: a line inside the function shared-0004 adds to metric_utils.py, on the default base."""
-    recipe = manifest.load_recipe("qwen2_5")
+    """The issue's case: a line inside the function shared-0004 adds to metric_utils.py, on verl 0.7.1 (the default
+    base then; 0.9.1 carries the same code as shared-0015), named with --base."""
+    recipe = manifest.load_recipe("qwen2_5", "0.7.1")
     tree = base_tree(recipe.version)
-    done = cli("apply", "qwen2_5", "--target", tree)
+    done = cli("apply", "qwen2_5", "--base", "0.7.1", "--target", tree)
     assert done.returncode == 0, done.stderr
     rel = "verl/trainer/ppo/metric_utils.py"
     path = tree / rel
@@ -158,7 +159,7 @@ def test_status_apply_revert_on_an_edited_tree(base_tree, pristine_base) -> None
     before = tree_bytes(tree)
     where = f"{rel}: hunk #1 (@@ -225,4 +225,27 @@)"
 
-    status = cli("status", "qwen2_5", "--target", tree)
+    status = cli("status", "qwen2_5", "--base", "0.7.1", "--target", tree)
     assert status.returncode == 1 and "Traceback" not in status.stderr, status.stderr
     row = next(ln for ln in status.stdout.splitlines() if "shared-0004" in ln)
     assert row.split()[0] == "edited", status.stdout
@@ -171,7 +172,7 @@ def test_status_apply_revert_on_an_edited_tree(base_tree, pristine_base) -> None
 
     for verb in ("apply", "revert"):
         for extra in ([], ["--dry-run"]):
-            proc = cli(verb, "qwen2_5", "--target", tree, *extra)
+            proc = cli(verb, "qwen2_5", "--base", "0.7.1", "--target", tree, *extra)
             err = proc.stderr.strip().splitlines()
             assert proc.returncode == 1 and len(err) == 1, proc.stderr
             assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -183,6 +184,6 @@ def test_status_apply_revert_on_an_edited_tree(base_tree, pristine_base) -> None
 
     # Put the line back: the revert goes through and the tree is the release again.
     path.write_bytes(path.read_bytes().replace(edit(line), line))
-    back = cli("revert", "qwen2_5", "--target", tree)
+    back = cli("revert", "qwen2_5", "--base", "0.7.1", "--target", tree)
     assert back.returncode == 0, back.stderr
     assert tree_bytes(tree) == tree_bytes(pristine_base(recipe.version))
