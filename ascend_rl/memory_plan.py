@@ -691,11 +691,15 @@ def mcore_rank_groups(rank: int, lay: Layout) -> tuple[int, int, int]:
     return rank // per_stage, local // lay.tp, local // lay.ep
 
 
-def fsdp2_shards(sh: Shapes, world: int, rank: int) -> tuple[int, int]:
+def fsdp2_shards(sh: Shapes, world: int, rank: int, divisible_dim: bool = False) -> tuple[int, int]:
     """(padded, local) elements one FSDP2 rank holds of every parameter of the Hugging Face model: fully_shard
     splits each parameter on dim 0 with torch.chunk's rule, stores every rank's shard padded to the first chunk's
     rows (FSDPParam._sharded_param_data) and hands out the unpadded view; torch.zeros_like of that view (AdamW's
-    states) is unpadded. Fused names of the plan (gate_up_proj, the experts' w1) are two parameters there."""
+    states) is unpadded. Fused names of the plan (gate_up_proj, the experts' w1) are two parameters there.
+    divisible_dim: verl's legacy fsdp_workers (0.6.0 / 0.7.1) pass fully_shard a shard_placement_fn that splits
+    each parameter on its first dim the world divides, dim 0 only when none does (fsdp_utils.get_shard_placement_fn,
+    0.7.1 fsdp_workers.py:632), so an odd vocabulary's embedding splits on hidden, unpadded; verl 0.9.1's FSDP
+    engine passes none (engine/fsdp/transformer_impl.py:465-470): dim 0, padded."""
 
     def parts(name: str, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
         if name.endswith("gate_up_proj") or name.endswith("experts.w1"):
@@ -708,6 +712,11 @@ def fsdp2_shards(sh: Shapes, world: int, rank: int) -> tuple[int, int]:
             shapes_ += [q for e in sh.spec.expert_params for q in parts(e.name, e.shape)]
     padded = local = 0
     for shape in shapes_:
+        if divisible_dim and any(d % world == 0 for d in shape):
+            # a dim the world divides: every rank holds numel / world, nothing padded
+            padded += numel(shape) // world
+            local += numel(shape) // world
+            continue
         rows, rest = shape[0], numel(shape[1:])
         chunk = -(-rows // world)
         padded += chunk * rest
@@ -845,24 +854,28 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
 
 
 def _fsdp_state(s: Mapping[str, Any], sh: Shapes, lay: Layout) -> TrainingState:
-    """FSDP2 (every parameter's dim 0 sharded, padded) or FSDP1 (flat parameters padded to the world)."""
+    """FSDP2 (each parameter split on one dim, padded where the world does not divide it: fsdp2_shards) or FSDP1
+    (flat parameters padded to the world)."""
     f = "actor_rollout_ref.actor.fsdp_config."
     param_b = 4 if str(s[f + "model_dtype"]) in ("fp32", "float32") else 2
     grad_b = param_b
     rank_terms: dict[int, dict[str, int]] = {}
     if lay.strategy == "fsdp2":
-        # every parameter split on dim 0, each shard stored padded to the first shard's rows; Adam's states
+        # every parameter split on one dim, each shard stored padded to the first shard's rows; Adam's states
         # (zeros_like the unpadded shard) are not
-        padded = fsdp2_shards(sh, lay.world, 0)[0]
+        divisible = not engine_workers(s)  # the legacy workers' shard_placement_fn (fsdp2_shards)
+        padded = fsdp2_shards(sh, lay.world, 0, divisible)[0]
         for rank in range(lay.world):
             rank_terms[rank] = {
                 "weights": padded * param_b,
                 "gradients": padded * grad_b,
-                "optimizer_states": 2 * param_b * fsdp2_shards(sh, lay.world, rank)[1],
+                "optimizer_states": 2 * param_b * fsdp2_shards(sh, lay.world, rank, divisible)[1],
             }
         n_local = padded
         opt = max(t["optimizer_states"] for t in rank_terms.values())
-        shard = f"FSDP2 over {lay.world}, each parameter's dim 0"
+        shard = f"FSDP2 over {lay.world}, " + (
+            "each parameter's first dim the world divides" if divisible else "each parameter's dim 0"
+        )
     else:
         n_local = -(-total_params(sh) // lay.world)  # FSDP1's flat parameters, each padded to the world
         opt = 2 * param_b * n_local

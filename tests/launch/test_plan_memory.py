@@ -117,6 +117,30 @@ def test_dense_model_by_hand_fsdp_over_two_dies():
     assert "reference weights" not in gen  # offloaded
 
 
+@pytest.mark.parametrize(
+    "base, ranks",
+    [
+        # verl 0.7.1's fsdp_workers pass fully_shard a shard_placement_fn: the first dim 2 divides, so the
+        # 33 x 8 embedding splits on hidden (132 values a rank) and nothing is padded
+        ("0.7.1", {0: (744, 744), 1: (744, 744)}),
+        # verl 0.9.1's FSDP engine passes none: dim 0, 17 + 16 rows, each shard stored padded to 17 rows
+        ("0.9.1", {0: (748, 748), 1: (748, 740)}),
+    ],
+)
+def test_an_odd_vocabulary_splits_where_the_bases_fsdp2_placement_puts_it(base, ranks):
+    """A vocabulary 2 ranks do not divide (the CPU runs' Qwen2-faithful tiny tokenizer has 605 tokens): each
+    rank's (stored, Adam-state) values by hand. Every other tensor of TINY_QWEN has an even dim 0: 612 a rank."""
+    odd = dict(TINY_QWEN, vocab_size=33)
+    plan = mp.plan(_fsdp(_verl=base, **{"actor_rollout_ref.actor.strategy": "fsdp2"}), odd, DIE)
+    for rank, (stored, adam) in ranks.items():
+        terms = mp.measured_terms(plan, rank=rank)
+        assert (terms["weights"], terms["gradients"], terms["optimizer_states"]) == (
+            stored * 4,
+            stored * 4,
+            2 * adam * 4,
+        ), (base, rank, terms)
+
+
 def test_rollout_tensor_parallel_splits_by_hand():
     plan = mp.plan(_fsdp(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 2}), TINY_QWEN, DIE)
     # TP2: embedding (padded to 64 rows) 256; per layer norms 16, q 32 + 4, k 16 + 2, v 16 + 2, o 32, gate/up 128,
