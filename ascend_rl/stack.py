@@ -19,6 +19,7 @@ the installed copy was built from must match as well as the version.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -57,6 +58,45 @@ def read_git_sources(constraints: Path) -> dict[str, tuple[str, str]]:
             raise ValueError(f"{constraints}:{number}: want '# {GIT_SOURCE} NAME URL COMMIT' (40-hex commit)")
         sources[_norm(fields[0])] = (fields[1], fields[2].lower())
     return sources
+
+
+def pinned_extras(recipe: str, constraints: Path, extras: dict[str, list[str]] | None = None) -> list[str]:
+    """`recipe`'s extras this constraints file pins (by version or git source), in recipe.toml's order: what the
+    installer installs for it on that stack. An extra one stack does not pin (Megatron-Bridge, 0.9.1's engine's
+    bridge, on the 0.6.0 / 0.7.1 stack) is not installed there, rather than installed at whatever PyPI has."""
+    names = {_norm(n) for n, _ in read_pins(constraints)} | set(read_git_sources(constraints))
+    return [n for n in (recipe_extras() if extras is None else extras).get(recipe, []) if _norm(n) in names]
+
+
+def constrained_names(constraints: Path) -> set[str]:
+    """Normalised names of every package a constraints file constrains: its pins and its bounds (`numpy>=2`)."""
+    names = set()
+    for raw in constraints.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:===|==|~=|!=|<=|>=|<|>)", line)
+        if match:
+            names.add(_norm(match.group(1)))
+    return names
+
+
+def requirements_under_pins(requirements: Path, constraints: Path) -> list[str]:
+    """A requirements file's lines, each requirement on a package the constraints file pins or bounds reduced to
+    its bare name, so that the constraint (pip -c) decides its version instead of the file's own range; the others
+    as they are.
+    For a git-source package's own requirements (MindSpeed's requirements.txt asks numpy<=1.26.0, which
+    constraints-0.9.1.txt's stack cannot take: its comment there)."""
+    pinned = constrained_names(constraints)
+    out = []
+    for raw in requirements.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+        if name and _norm(name.group(0)) in pinned and not line.startswith("-"):
+            out.append(name.group(0))
+        else:
+            out.append(line)
+    return out
 
 
 def recipe_extras(recipes: Path = RECIPES) -> dict[str, list[str]]:

@@ -6,8 +6,9 @@
 #      gguf, compressed-tensors (torch/torchvision from TORCH_INDEX_URL, the PyTorch CPU index);
 #   3. vllm, then vllm-ascend; vllm brings uvloop back at the version the constraints pin; where the constraints
 #      pin triton-ascend (verl 0.9.1), triton-ascend again in place of any triton;
-#   4. the recipe's extras (recipe.toml [stack] extras; none for qwen2_5): megatron-core (--no-deps),
-#      mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then pip install -e;
+#   4. the recipe's extras the base's constraints pin (recipe.toml [stack] extras; none for qwen2_5): megatron-core
+#      and Megatron-Bridge (--no-deps), mbridge, and MindSpeed cloned at its pinned commit into MINDSPEED_DIR, then
+#      pip install --no-deps -e and its requirements under the pins;
 #   5. the recipe's patched verl tree, editable, --no-deps (fetched and patched first);
 #   6. ascend_rl/stack.py --recipe: fails when any installed version or commit is off the pins.
 # Every version and commit comes from the base's constraints file (constraints.txt; constraints-0.9.1.txt for
@@ -84,13 +85,16 @@ if grep -q '^triton-ascend==' "$C"; then
   pip_c triton-ascend
 fi
 
-# The recipe's extras. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
-# deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check
-# out the pinned commit, pip install -e (MindSpeed's documented install), its deps under the pins.
+# The recipe's extras the stack pins. megatron-core --no-deps as verl 0.6.0's images install Megatron (its declared
+# deps, nvidia-modelopt among them, are not needed to train); MindSpeed is not on PyPI: clone, check out the pinned
+# commit, pip install -e (MindSpeed's documented install, --no-deps here), its deps under the pins.
 EXTRAS="$("$PYTHON" -m ascend_rl stack --constraints "$C" --recipe "$RECIPE" --list-extras)"
+# Megatron-Bridge --no-deps too: it declares transformers<5.0.0, which 0.9.1's transformers 5.5.4 pin refuses
+# (constraints-0.9.1.txt). MindSpeed's own requirements go in after it, each package the stack pins left to its pin
+# (`stack --requirements`): its numpy<=1.26.0 against 0.9.1's numpy 2 (constraints-0.9.1.txt says why).
 for name in $EXTRAS; do
   case "$name" in
-    megatron-core) pip_c --no-deps megatron-core ;;
+    megatron-core|megatron-bridge) pip_c --no-deps "$name" ;;
     mindspeed)
       src="$("$PYTHON" -m ascend_rl stack --constraints "$C" --git-source mindspeed)"
       read -r url commit <<<"$src"
@@ -100,7 +104,13 @@ for name in $EXTRAS; do
         run git clone --quiet "$url" "$MINDSPEED_DIR"
       fi
       run git -C "$MINDSPEED_DIR" checkout --quiet --detach "$commit"
-      pip_c -e "$MINDSPEED_DIR"
+      pip_c --no-deps -e "$MINDSPEED_DIR"
+      reqs="$MINDSPEED_DIR/.recipes-requirements.txt"
+      echo "+ $PYTHON -m ascend_rl stack --constraints $C --requirements $MINDSPEED_DIR/requirements.txt > $reqs"
+      if [ "$DRY_RUN" -eq 0 ]; then
+        "$PYTHON" -m ascend_rl stack --constraints "$C" --requirements "$MINDSPEED_DIR/requirements.txt" >"$reqs"
+      fi
+      pip_c -r "$reqs"
       ;;
     *) pip_c "$name" ;;
   esac

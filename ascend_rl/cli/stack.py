@@ -15,9 +15,11 @@ from ascend_rl.stack import (
     _norm,
     base_constraints,
     check,
+    pinned_extras,
     read_git_sources,
     read_pins,
     recipe_extras,
+    requirements_under_pins,
     select_pins,
 )
 
@@ -40,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="check only these packages")
     parser.add_argument(
-        "--list-extras", action="store_true", help="print the recipe's extras, one per line, and exit"
+        "--list-extras",
+        action="store_true",
+        help="print the recipe's extras that the constraints pin (the installer's list), one per line, and exit",
+    )
+    parser.add_argument(
+        "--requirements",
+        type=Path,
+        metavar="FILE",
+        help="print FILE's requirements with each package the constraints pin left to its pin, and exit",
     )
     parser.add_argument(
         "--git-source", metavar="NAME", help="print NAME's git URL and commit from constraints.txt and exit"
@@ -74,8 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stack: error: unknown recipe '{args.recipe}'; known recipes: {known}", file=sys.stderr)
         return 2
     if args.list_extras:
-        for name in extras.get(args.recipe or "", []):
+        for name in pinned_extras(args.recipe or "", args.constraints, extras):
             print(name)
+        return 0
+    if args.requirements is not None:
+        if not args.requirements.is_file():
+            print(f"stack: error: {args.requirements} not found", file=sys.stderr)
+            return 2
+        for line in requirements_under_pins(args.requirements, args.constraints):
+            print(line)
         return 0
     if args.git_source:
         if _norm(args.git_source) not in sources:

@@ -328,7 +328,8 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
         at(lambda c: c.endswith(" mbridge") and f"-c {CONSTRAINTS}" in c),
         at(lambda c: c == f"git clone --quiet {url} {where}"),
         at(lambda c: c == f"git -C {where} checkout --quiet --detach {commit}"),
-        at(lambda c: c.endswith(f"-c {CONSTRAINTS} -e {where}")),
+        at(lambda c: c.endswith(f"-c {CONSTRAINTS} --no-deps -e {where}")),
+        at(lambda c: c.endswith(f"-c {CONSTRAINTS} -r {where}/.recipes-requirements.txt")),
         at(lambda c: "--no-deps -e " in c and c.endswith("/verl-0.6.0")),  # the tree of the base it fetched
         at(lambda c: c.endswith(f"stack --constraints {CONSTRAINTS} --recipe deepseek_r1")),
     ]
@@ -340,6 +341,129 @@ def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
     qwen = _installer_commands("--recipe", "qwen2_5")
     assert not [c for c in qwen if re.search(r"megatron|mbridge|mindspeed|git ", c, re.I)]
     assert qwen[-1].endswith("--recipe qwen2_5")
+
+
+def test_the_deepseek_installer_takes_only_the_extras_its_stack_pins(tmp_path):
+    """0.6.0 / 0.7.1's stack pins no Megatron-Bridge (0.9.1's engine bridge): no install of it there, where pip
+    would take PyPI's newest against megatron-core 0.12.1; on 0.9.1 it goes in --no-deps (its transformers<5.0.0
+    against the 5.5.4 pin), with 0.9.1's MindSpeed commit and its requirements under that stack's pins."""
+    where = tmp_path / "ms"
+    for base, constraints in (("0.6.0", CONSTRAINTS), ("0.9.1", REPO / "constraints-0.9.1.txt")):
+        cmds = _installer_commands(
+            "--recipe", "deepseek_r1", env=dict(os.environ, VERL_BASE=base, MINDSPEED_DIR=str(where))
+        )
+        extras = [c for c in cmds if re.search(r" (megatron-core|megatron-bridge|mbridge)$", c)]
+        _, commit = check_stack.read_git_sources(constraints)["mindspeed"]
+        assert f"git -C {where} checkout --quiet --detach {commit}" in cmds, (base, cmds)
+        assert (
+            f"python3 -m pip install --disable-pip-version-check -c {constraints} --no-deps -e {where}"
+            in cmds
+        )
+        if base == "0.6.0":
+            assert [c.split(f"-c {constraints} ")[1] for c in extras] == [
+                "--no-deps megatron-core",
+                "mbridge",
+            ]
+        else:
+            assert [c.split(f"-c {constraints} ")[1] for c in extras] == [
+                "--no-deps megatron-core",
+                "mbridge",
+                "--no-deps megatron-bridge",
+            ]
+        pins = {check_stack._norm(n) for n, _ in check_stack.read_pins(constraints)}
+        assert all(check_stack._norm(c.split()[-1]) in pins for c in extras), (base, extras)
+
+
+def test_requirements_under_pins_leave_a_pinned_package_to_its_pin(tmp_path):
+    """MindSpeed's requirements.txt (core_r0.16.0's numpy<=1.26.0 among them) as the installer hands it to pip -c:
+    a package the constraints pin loses its own range, the others keep theirs; comments and blanks go."""
+    constraints = tmp_path / "c.txt"
+    constraints.write_text(
+        "numpy>=2\ntransformers==5.5.4  # a comment\n# git-source: x https://h/x.git " + "a" * 40
+    )
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text(
+        "pybind11\nnumpy<=1.26.0\n\n# note\ntransformers>=4.43.2\nscipy>=1.0 # why\nNumPy-Extra<2\n"
+    )
+    assert check_stack.requirements_under_pins(reqs, constraints) == [
+        "pybind11",
+        "numpy",
+        "transformers",
+        "scipy>=1.0",
+        "NumPy-Extra<2",
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ascend_rl",
+            "stack",
+            "--constraints",
+            str(constraints),
+            "--requirements",
+            str(reqs),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0 and proc.stdout.splitlines()[:3] == ["pybind11", "numpy", "transformers"], (
+        proc
+    )
+    gone = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ascend_rl",
+            "stack",
+            "--constraints",
+            str(constraints),
+            "--requirements",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "nope not found" in gone.stderr
+
+
+def test_mindspeeds_numpy_bound_cannot_meet_vllm_0_23_and_the_091_numpy_bound_can(tmp_path):
+    """Why constraints-0.9.1.txt bounds numpy and the installer leaves MindSpeed's numpy to it: pip's own resolver
+    over the package index (metadata only, --dry-run) refuses MindSpeed's numpy<=1.26.0 beside vLLM 0.23.0's
+    opencv-python-headless>=4.13.0, and takes the bound."""
+    from ci_policy import unreachable
+
+    [numpy_bound] = [
+        line for line in (REPO / "constraints-0.9.1.txt").read_text().splitlines() if line.startswith("numpy")
+    ]
+    assert "numpy" in check_stack.constrained_names(REPO / "constraints-0.9.1.txt")
+
+    def resolve(*reqs: str) -> subprocess.CompletedProcess:
+        # Python 3.12's wheels (the 0.9.1 stack's), resolved from metadata: nothing is installed (--dry-run)
+        args = [sys.executable, "-m", "pip", "install", "--dry-run", "--target", str(tmp_path / "t")]
+        args += [
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--only-binary",
+            ":all:",
+            "--python-version",
+            "3.12",
+        ]
+        proc = subprocess.run([*args, *reqs], capture_output=True, text=True, timeout=600)
+        if "ResolutionImpossible" in proc.stderr or "Would install" in proc.stdout:
+            return proc
+        tail = (proc.stderr or proc.stdout).strip()[-300:]
+        if re.search(
+            r"NewConnectionError|Max retries|Network is unreachable|Temporary failure|timed out", tail
+        ):
+            unreachable("opencv-python-headless / numpy metadata", tail)
+        pytest.fail(f"pip's resolver said neither: {tail}", pytrace=False)
+
+    refused = resolve("opencv-python-headless>=4.13.0", "numpy<=1.26.0")
+    assert refused.returncode != 0 and "ResolutionImpossible" in refused.stderr, refused.stderr[-2000:]
+    taken = resolve("opencv-python-headless>=4.13.0", numpy_bound)
+    assert taken.returncode == 0 and "numpy-2." in taken.stdout, taken.stdout[-2000:] + taken.stderr
 
 
 def test_installer_keeps_uvloop_at_its_pin():
