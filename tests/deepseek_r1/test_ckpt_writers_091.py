@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_writers_die_with_rank import alive  # running, a zombie counts as dead
 
 from ascend_rl import artifacts, manifest
 from ci_policy import get_artifact
@@ -102,15 +103,6 @@ def cmdline(pid: int) -> bytes | None:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie is dead: nothing left of it but its exit status)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def forked(pid: int) -> list[int]:
