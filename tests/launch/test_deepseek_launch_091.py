@@ -163,3 +163,23 @@ def test_resolve_names_the_base_its_series_image_and_what_is_pending():
     assert out["image"] == "quay.io/ascend/cann:9.1.0-a3-ubuntu22.04-py3.12"
     assert out["constraints"] == "constraints-0.9.1.txt" and out["pending"] == recipe.pending
     assert "trainer.use_v1=False" in out["overrides"]
+
+
+def test_the_cpu_profile_on_0_9_1_puts_the_random_checkpoint_beside_its_inputs(tmp_path, pristine_091):
+    """The CPU profile runs the random variant: on 0.9.1 the tiny model's random checkpoint goes under
+    e2e_out/deepseek_inputs/random (not the recipe folder) unless RANDOM_MODEL_DIR says otherwise; a dry run names it
+    and writes nothing."""
+    from llm_rl.deepseek_r1 import random_checkpoint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "deepseek_v3", "num_hidden_layers": 2}')
+    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE, MODEL_DIR=str(model))
+    env.pop("RANDOM_MODEL_DIR", None)
+    want = random_checkpoint.checkpoint_dir(model, REPO / "e2e_out" / "deepseek_inputs" / "random", seed=1)
+    existed = (
+        want.exists()
+    )  # (the key hashes this test's config: only an earlier launch of it could have made it)
+    final = dry_run_plan(run_launcher(LAUNCHER, ["--cpu", "--dry-run", "--json"], env))["overrides"]
+    assert final["actor_rollout_ref.model.path"] == str(want)
+    assert want.exists() == existed
