@@ -13,9 +13,9 @@ writer is dead), and two writers at once end with one folder: the second rename 
 
 The tensors are the ones the model's Hugging Face class saves (its state dict on the meta device, in the on-disk
 layout under transformers 5, e.g. DeepSeek-V3's routed experts one by one), each drawn from its own generator seeded
-by (seed, name): normal(0, initializer_range) for weights, ones for norm weights, zeros for biases. They are written
-shard by shard (at most --shard-gib in memory), in the config's dtype, with every other file of the model folder
-(tokenizer, generation config) copied beside them. A full DeepSeek-R1 config is 671B parameters: about 1.3 TB in
+by (seed, name): normal(0, initializer_range) for weights, ones for norm weights, zeros for biases but the MoE
+router's e_score_correction_bias, normal(0, 0.1). They are written shard by shard (at most --shard-gib in memory),
+in the config's dtype, with every other file of the model folder (tokenizer, generation config) copied beside them. A full DeepSeek-R1 config is 671B parameters: about 1.3 TB in
 bfloat16; a shallower one: derive_config --num-layers.
 
     python3 -m llm_rl.deepseek_r1.random_checkpoint --config MODEL_DIR --out ROOT [--seed N] [--dry-run]
@@ -43,6 +43,7 @@ STAMP = (
 )
 FORMAT = 1  # bump when the tensors written for the same config and seed change
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+ROUTER_BIAS_STD = 0.1  # the tiny maker's (ascend_rl/tiny/deepseek_v3.py, build_model)
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -111,14 +112,17 @@ def draw(name: str, shape: tuple[int, ...], seed: int, std: float, dtype):
     """The tensor `name` of the checkpoint: its own generator, so it does not depend on shards or order."""
     import torch
 
-    leaf = name.rsplit(".", 2)
-    if name.endswith("bias") or leaf[-1] == "e_score_correction_bias":
-        return torch.zeros(shape, dtype=dtype)
-    if len(shape) == 1 and "norm" in name:
-        return torch.ones(shape, dtype=dtype)
     gen = torch.Generator().manual_seed(
         int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "big")
     )
+    if name.endswith("e_score_correction_bias"):
+        # drawn, not zero (transformers starts it at zero): a weight sync that drops it then changes the routing, as
+        # with the tiny maker's random_router_bias
+        std = ROUTER_BIAS_STD
+    elif name.endswith("bias"):
+        return torch.zeros(shape, dtype=dtype)
+    elif len(shape) == 1 and "norm" in name:
+        return torch.ones(shape, dtype=dtype)
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen).to(dtype)
 
 

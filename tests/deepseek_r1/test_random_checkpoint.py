@@ -97,9 +97,13 @@ def test_the_configs_tensors_and_shapes_are_what_transformers_loads(tiny, tmp_pa
         k: (tuple(v.shape), v.dtype) for k, v in want.items()
     }
     assert not any(k.endswith("lm_head.weight") and "embed" in k for k in ours)
-    # random, not the reference's weights; norms one, the router bias zero, the rest drawn with initializer_range
+    # random, not the reference's weights; norms one, the rest drawn with initializer_range
     assert not all(ours[k].equal(want[k]) for k in ours if ours[k].dim() == 2)
     assert ours["model.norm.weight"].eq(1).all()
+    bias = ours[
+        "model.layers.1.mlp.gate.e_score_correction_bias"
+    ]  # drawn: a sync that drops it changes routing
+    assert bias.ne(0).all() and 0.03 < float(bias.std()) < 0.3, bias
     std = float(ours["model.layers.0.mlp.gate_proj.weight"].std())
     assert 0.015 < std < 0.025, std
     model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
