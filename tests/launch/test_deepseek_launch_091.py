@@ -183,3 +183,24 @@ def test_the_cpu_profile_on_0_9_1_puts_the_random_checkpoint_beside_its_inputs(t
     final = dry_run_plan(run_launcher(LAUNCHER, ["--cpu", "--dry-run", "--json"], env))["overrides"]
     assert final["actor_rollout_ref.model.path"] == str(want)
     assert want.exists() == existed
+
+
+def test_a_bad_model_config_stops_the_random_variant_in_one_line_before_anything_is_written(
+    tmp_path, pristine_091
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("[1, 2]")
+    env = launcher_env(
+        tmp_path,
+        pristine_091,
+        VERL_BASE=BASE,
+        MODEL_DIR=str(model),
+        RANDOM_MODEL_DIR=str(tmp_path / "random"),
+    )
+    proc = run_launcher(LAUNCHER, ["--variant", "random"], env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {model / 'config.json'} holds a JSON list, not a model config"
+    ]
+    assert not (tmp_path / "random").exists() and not (tmp_path / "run_log").exists()
