@@ -98,6 +98,9 @@ class Recipe:
     # and on top of a launcher's random-weights variant (DeepSeek's --variant random): how this base starts from
     # random weights
     random_overrides: tuple[str, ...] = ()
+    # whether that variant starts from a random Hugging Face checkpoint the launcher writes once from the model's
+    # config (a base whose engine always loads a checkpoint: verl 0.9.1, llm_rl/deepseek_r1/random_checkpoint.py)
+    random_checkpoint: bool = False
     # environment the CPU profile sets on this base (a user's value wins)
     cpu_env: tuple[tuple[str, str], ...] = ()
     die: str = ""  # the NPU die its launches run on ([recipe] die)
@@ -152,6 +155,14 @@ def recipe_names() -> list[str]:
     return sorted(p.parent.name for p in RECIPES.glob("*/recipe.toml"))
 
 
+def _flag(table: dict, key: str) -> bool:
+    """A true/false key of a base table (absent: false); anything else is a malformed manifest (TypeError)."""
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
 def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
     """Read llm_rl/<name>/recipe.toml (or <dir>/recipe.toml) on `base` (default: the manifest's default)."""
     folder = Path(name_or_dir)
@@ -194,6 +205,7 @@ def load_recipe(name_or_dir: str | Path, base: str | None = None) -> Recipe:
             overrides=tuple(str(o) for o in table.get("overrides", ())),
             cpu_overrides=tuple(str(o) for o in table.get("cpu_overrides", ())),
             random_overrides=tuple(str(o) for o in table.get("random_overrides", ())),
+            random_checkpoint=_flag(table, "random_checkpoint"),
             cpu_env=tuple((str(k), str(v)) for k, v in table.get("cpu_env", {}).items()),
             die=str(data.get("recipe", {}).get("die", "")),
             reward=str(data.get("reward", {}).get("path", "")),
@@ -309,6 +321,7 @@ class Launch:
                 f"BASE_OVERRIDES={array(self.recipe.overrides)}",
                 f"BASE_CPU_OVERRIDES={array(self.overrides[len(self.recipe.overrides) :])}",
                 f"BASE_RANDOM_OVERRIDES={array(self.recipe.random_overrides)}",
+                f"BASE_RANDOM_CHECKPOINT={int(self.recipe.random_checkpoint)}",
                 f"BASE_CPU_ENV={array(f'{k}={v}' for k, v in self.cpu_env)}",
                 f"RECIPE_DIE={shlex.quote(self.die or '')}",
                 f"RECIPE_REWARD={shlex.quote(str(self.reward or ''))}",
@@ -337,6 +350,7 @@ class Launch:
             "image": self.recipe.image,
             "constraints": self.recipe.constraints,
             "pending": dict(self.recipe.pending),
+            "random_checkpoint": self.recipe.random_checkpoint,
         }
 
 

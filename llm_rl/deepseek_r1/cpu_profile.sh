@@ -16,6 +16,8 @@ DATA_DIR="${DATA_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/data}"
 PREFLIGHT_PROFILE=(--with cpu --cpu --made-by "make e2e E2E_ARGS='--runs deepseek'")
 # random-initialised weights (no Megatron checkpoint of the tiny model to load), as --variant random
 VARIANT=random
+# where verl 0.9.1's random variant writes its random checkpoint of the tiny model's config (once): beside the inputs
+RANDOM_MODEL_DIR="${RANDOM_MODEL_DIR:-$REPO_DIR/e2e_out/deepseek_inputs/random}"
 # one machine by default; NNODES=N runs the ranks across N nodes whose Ray ray_start.sh --cpu started
 # (the simulated cluster of docs/cluster.md): one rank per node unless NPUS_PER_NODE says otherwise
 NNODES="${NNODES:-1}"

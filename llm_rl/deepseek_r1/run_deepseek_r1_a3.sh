@@ -10,7 +10,9 @@
 # series is not complete yet, so only --dry-run and --cpu run there; a launch is refused in one line naming the
 # ports still pending); default: recipe.toml's default_base.
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
-# random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256
+# random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256 (on 0.9.1, whose
+# engine always loads a checkpoint: a random one of that config, written once under RANDOM_MODEL_DIR, default
+# model/random/, and reused; a dry run writes nothing)
 # Paths: MODEL_DIR (default model/DeepSeek-R1-bf16), MCORE_DIR (model/DeepSeek-R1-mcore), DATA_DIR
 # (data/deepscaler), VERL_DIR (verl-<base>/), LOG_DIR (run_log/), CKPT_DIR (checkpoints/), all under this
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
@@ -31,7 +33,7 @@ REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
 # What the user set in the environment that decides what runs (read before this script sets any of them): the dry
 # run's node-by-node commands carry each, so a line copied onto its node runs what this dry run checked.
 NODE_ENV=()
-for name in SOCKET_IFNAME VERL_DIR MODEL_DIR MCORE_DIR DATA_DIR LOG_DIR CKPT_DIR RUN_NAME LOGGER \
+for name in SOCKET_IFNAME VERL_DIR MODEL_DIR MCORE_DIR RANDOM_MODEL_DIR DATA_DIR LOG_DIR CKPT_DIR RUN_NAME LOGGER \
   RAY_PENDING_TIMEOUT RAY_WAIT_TIMEOUT RAY_WATCH; do
   [ -z "${!name+x}" ] || NODE_ENV+=("$name=${!name}")
 done
@@ -102,6 +104,15 @@ DATA_DIR="${DATA_DIR:-$RECIPE_DIR/data/deepscaler}"
 LOG_DIR="${LOG_DIR:-$RECIPE_DIR/run_log}"
 CKPT_DIR="${CKPT_DIR:-$RECIPE_DIR/checkpoints}"
 RUN_NAME="${RUN_NAME:-deepseek_r1_a3_${VARIANT}}"
+# The checkpoint the actor, the reference and the rollout load. --variant random on a base whose engine always loads
+# one (recipe.toml's random_checkpoint: 0.9.1): a random checkpoint of MODEL_DIR's config, written once (a dry run
+# names it and writes nothing), which all three load, so the reference starts from the actor's weights.
+MODEL_PATH="$MODEL_DIR"
+if [ "$VARIANT" = random ] && [ "$BASE_RANDOM_CHECKPOINT" = 1 ]; then
+  RANDOM_MODEL_DIR="${RANDOM_MODEL_DIR:-$RECIPE_DIR/model/random}"
+  MODEL_PATH="$(cd "$RECIPE_DIR" && PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
+    -m llm_rl.deepseek_r1.random_checkpoint --config "$MODEL_DIR" --out "$RANDOM_MODEL_DIR" "${DRY_RUN[@]}")" || exit 1
+fi
 # Metrics backends as in the Qwen launcher: console + TensorBoard unless LOGGER says otherwise.
 LOGGER="${LOGGER:-console,tensorboard}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
@@ -127,7 +138,7 @@ OVERRIDES=(
   # the reward file and function recipe.toml's [reward] names (resolved above)
   custom_reward_function.path="$RECIPE_REWARD"
   custom_reward_function.name="$RECIPE_REWARD_FN"
-  actor_rollout_ref.model.path="$MODEL_DIR"
+  actor_rollout_ref.model.path="$MODEL_PATH"
   actor_rollout_ref.model.trust_remote_code=True
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size=512

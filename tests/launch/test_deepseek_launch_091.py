@@ -75,17 +75,35 @@ def test_the_dry_run_composes_0_9_1s_config_and_writes_nothing(tmp_path, pristin
     assert not (tmp_path / "run_log").exists() and not (tmp_path / "ckpt").exists()
 
 
-def test_the_random_variant_on_0_9_1_takes_no_load_weight_and_the_others_keep_it(tmp_path, pristine_091):
-    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE)
-    plan = dry_run_plan(run_launcher(LAUNCHER, ["--variant", "random", "--dry-run", "--json"], env))
-    final = plan["overrides"]
+def test_the_random_variant_on_0_9_1_loads_one_random_checkpoint_and_the_others_keep_load_weight(
+    tmp_path, pristine_091
+):
+    """0.9.1 has no load_weight: the model path (the actor's, the reference's and the rollout's) is the random
+    checkpoint of MODEL_DIR's config under RANDOM_MODEL_DIR, which the dry run names and does not write."""
+    from llm_rl.deepseek_r1 import random_checkpoint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "deepseek_v3", "num_hidden_layers": 2}')
+    random_root = tmp_path / "random"
+    env = launcher_env(
+        tmp_path, pristine_091, VERL_BASE=BASE, MODEL_DIR=str(model), RANDOM_MODEL_DIR=str(random_root)
+    )
+    proc = run_launcher(LAUNCHER, ["--variant", "random", "--dry-run", "--json"], env)
+    final = dry_run_plan(proc)["overrides"]
     assert final["actor_rollout_ref.rollout.expert_parallel_size"] == "256"
     assert (
         "actor_rollout_ref.actor.load_weight" not in final
         and "actor_rollout_ref.ref.load_weight" not in final
     )
+    want = random_checkpoint.checkpoint_dir(model, random_root, seed=1)
+    assert final["actor_rollout_ref.model.path"] == str(want) and want.parent == random_root
+    assert f"random checkpoint: {want} (not written yet: a launch writes it)" in proc.stderr
+    assert not random_root.exists()  # a dry run writes nothing
+    assert manifest.load_recipe("deepseek_r1", BASE).random_checkpoint
     for base in ("0.6.0", "0.7.1"):
         other = manifest.load_recipe("deepseek_r1", base)
+        assert not other.random_checkpoint
         assert other.random_overrides == (
             "actor_rollout_ref.actor.load_weight=False",
             "actor_rollout_ref.ref.load_weight=False",
@@ -145,3 +163,44 @@ def test_resolve_names_the_base_its_series_image_and_what_is_pending():
     assert out["image"] == "quay.io/ascend/cann:9.1.0-a3-ubuntu22.04-py3.12"
     assert out["constraints"] == "constraints-0.9.1.txt" and out["pending"] == recipe.pending
     assert "trainer.use_v1=False" in out["overrides"]
+
+
+def test_the_cpu_profile_on_0_9_1_puts_the_random_checkpoint_beside_its_inputs(tmp_path, pristine_091):
+    """The CPU profile runs the random variant: on 0.9.1 the tiny model's random checkpoint goes under
+    e2e_out/deepseek_inputs/random (not the recipe folder) unless RANDOM_MODEL_DIR says otherwise; a dry run names it
+    and writes nothing."""
+    from llm_rl.deepseek_r1 import random_checkpoint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "deepseek_v3", "num_hidden_layers": 2}')
+    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE, MODEL_DIR=str(model))
+    env.pop("RANDOM_MODEL_DIR", None)
+    want = random_checkpoint.checkpoint_dir(model, REPO / "e2e_out" / "deepseek_inputs" / "random", seed=1)
+    existed = (
+        want.exists()
+    )  # (the key hashes this test's config: only an earlier launch of it could have made it)
+    final = dry_run_plan(run_launcher(LAUNCHER, ["--cpu", "--dry-run", "--json"], env))["overrides"]
+    assert final["actor_rollout_ref.model.path"] == str(want)
+    assert want.exists() == existed
+
+
+def test_a_bad_model_config_stops_the_random_variant_in_one_line_before_anything_is_written(
+    tmp_path, pristine_091
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("[1, 2]")
+    env = launcher_env(
+        tmp_path,
+        pristine_091,
+        VERL_BASE=BASE,
+        MODEL_DIR=str(model),
+        RANDOM_MODEL_DIR=str(tmp_path / "random"),
+    )
+    proc = run_launcher(LAUNCHER, ["--variant", "random"], env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {model / 'config.json'} holds a JSON list, not a model config"
+    ]
+    assert not (tmp_path / "random").exists() and not (tmp_path / "run_log").exists()

@@ -117,3 +117,24 @@ def test_an_overlay_the_profile_does_not_imply_goes_on_top_into_its_own_tree():
     assert cpu_series.overrides == npu.overrides, "the overlay alone adds no CPU overrides"
     with pytest.raises(UsageError, match="unknown overlay 'gpu'"):
         manifest.resolve_launch("qwen2_5", overlay="gpu")
+
+
+def test_the_random_checkpoint_flag_reaches_the_launcher_and_a_bad_one_is_a_malformed_manifest(tmp_path):
+    """recipe.toml's random_checkpoint (the 0.9.1 base's --variant random writes a random checkpoint): BASE_RANDOM_
+    CHECKPOINT in the shell form, 1 there and 0 where load_weight=False does it; anything but true / false refused."""
+    for base, want in (("0.9.1", "1"), ("0.7.1", "0")):
+        script = (
+            manifest.resolve_launch("deepseek_r1", base).shell() + '\nprintf "%s" "$BASE_RANDOM_CHECKPOINT"'
+        )
+        assert (
+            subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout == want
+        )
+    folder = tmp_path / "deepseek_r1"
+    folder.mkdir()
+    text = (REPO / "llm_rl/deepseek_r1/recipe.toml").read_text()
+    assert text.count("\nrandom_checkpoint = true\n") == 1
+    (folder / "recipe.toml").write_text(
+        text.replace("\nrandom_checkpoint = true\n", '\nrandom_checkpoint = "yes"\n')
+    )
+    with pytest.raises(OverlayError, match="malformed manifest.*random_checkpoint must be true or false"):
+        manifest.load_recipe(folder, "0.9.1")

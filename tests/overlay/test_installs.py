@@ -49,9 +49,9 @@ def test_every_installed_module_is_a_repository_file_that_the_parsed_patch_carri
             seen.setdefault(source, set()).add(dest)
     # one copy for every base: the DeepSeek modules, the reshard planner, the CPU shim and verl 0.9.1's CPU platform
     # files (the platform, the vLLM plugin, the vllm distribution record's two files) and its update-gap metrics,
-    # each installed to one place
+    # and ds-0211's checkpoint-writer hook, each installed to one place
     assert {s: len(d) for s, d in seen.items()} == {s: 1 for s in seen}
-    assert len(seen) == 13, sorted(seen)
+    assert len(seen) == 14, sorted(seen)
 
 
 def test_a_patched_tree_holds_the_repository_files(patched_verl):
