@@ -418,6 +418,150 @@ def test_on_0_9_1_offloaded_fsdp2_weights_stream_to_the_sync():
     assert "actor weights" in _terms(_phase(kept, "weight sync and reshard"))
 
 
+def _engine(**kw) -> dict:
+    """_megatron's 4 dies, TP1 EP2, on verl 0.9.1: the Megatron engine's layout (memory_plan.megatron_engine)."""
+    return _megatron(_verl="0.9.1", **kw)
+
+
+def test_on_0_9_1_the_megatron_actor_is_the_engines_and_0_7_1s_the_workers():
+    assert mp.megatron_engine(_engine()) and not mp.megatron_engine(_megatron(_verl="0.7.1"))
+    assert not mp.megatron_engine(_fsdp(_verl="0.9.1"))
+    s = mp.settings_from_plan({"config_name": "ppo_megatron_trainer", "verl": {"version": "0.9.1"}})
+    assert mp.megatron_engine(s)
+
+
+@pytest.mark.parametrize(
+    "kw, allgather, alltoallv",
+    [
+        # rollout EP4: every die keeps one expert. The bridge all-gathers one local expert's w1 (8x8 bf16, 128 B)
+        # over EP2: 2 x 128 (0.7.1's per_tensor_generator: all 4 experts of the layer, 512). ds-0206's call for
+        # local id 0: rank 2 receives expert 2 from rank 1, one w1 (the same as the layer's figure here)
+        ({}, 2 * 128, 128),
+        # rollout EP off: every die keeps all 4. A call (local id 0) moves experts 0 and 2 to every die: rank 0
+        # receives its own expert 0 and expert 2 (256) and sends expert 0 to itself and to rank 1, packed (256):
+        # 512, where the layer's figure (both local ids at once) is 1024
+        ({"actor_rollout_ref.rollout.expert_parallel_size": 1}, 2 * 128, 512),
+        # PP2 x EP2: a non-owning stage also holds the PP broadcast's buffer of that w1: 3 x 128
+        (
+            {
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 2,
+                "actor_rollout_ref.rollout.expert_parallel_size": 1,
+            },
+            3 * 128,
+            None,
+        ),
+    ],
+)
+def test_on_0_9_1_the_bridges_all_gather_holds_one_local_expert_per_ep_rank(kw, allgather, alltoallv):
+    """Megatron-Bridge's export converts one local expert per task and all-gathers it over EP (gate, then up),
+    so the all-gather's buffer is EP copies of one expert's w1 (plus the PP broadcast's), not every expert of the
+    layer as verl 0.7.1's per_tensor_generator gathered; ds-0206's AlltoAllV issues one call per local id."""
+    key = "reshard buffer, routed experts"
+    gathered = mp.plan(
+        _engine(**kw, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}), TINY_DS, DIE
+    )
+    assert _terms(_phase(gathered, "weight sync and reshard"))[key] == allgather
+    if alltoallv is not None:
+        moved = mp.plan(_engine(**kw), TINY_DS, DIE)
+        assert _terms(_phase(moved, "weight sync and reshard"))[key] == alltoallv
+        assert "(alltoallv)" in dict(moved.facts)["reshard increment"]
+    # the legacy workers' figure is every expert of the layer
+    legacy = mp.plan(
+        _megatron(**kw, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}), TINY_DS, DIE
+    )
+    assert _terms(_phase(legacy, "weight sync and reshard"))[key] == 4 * 128
+
+
+def test_on_0_9_1_the_bridges_dense_export_gathers_over_tp_and_broadcasts_over_pp():
+    """The largest dense weight of TINY_DS is layer 0's gate/up, 32 x 8 bf16 = 512 B, split on dim 0. TP1 PP1: the
+    bridge yields the parameter itself (no buffer; 0.7.1's plan counted a gather of it); TP2: the TP all-gather's
+    two shards and their concatenation, 1024; PP2: the broadcast buffer of the whole (TP1) tensor, 512."""
+    key = "reshard buffer, dense"
+    m = "actor_rollout_ref.actor.megatron."
+    assert key not in _terms(_phase(mp.plan(_engine(), TINY_DS, DIE), "weight sync and reshard"))
+    tp2 = mp.plan(_engine(**{m + "tensor_model_parallel_size": 2}), TINY_DS, DIE)
+    assert _terms(_phase(tp2, "weight sync and reshard"))[key] == 1024
+    pp2 = mp.plan(_engine(**{m + "pipeline_model_parallel_size": 2}), TINY_DS, DIE)
+    assert _terms(_phase(pp2, "weight sync and reshard"))[key] == 512
+    assert key in _terms(_phase(mp.plan(_megatron(), TINY_DS, DIE), "weight sync and reshard"))
+
+
+def test_on_0_9_1_the_engine_frees_the_grad_buffer_with_the_weights_and_reloads_them_for_the_sync():
+    """verl 0.9.1's MegatronEngine: param_offload moves the weights and frees the grad buffer (no grad_offload);
+    the update's end offloads the weights even with the explicit offload, and update_weights loads them back for
+    the export. Without param_offload the grad buffer stays on the die in every phase."""
+    m = "actor_rollout_ref.actor.megatron."
+    off = {m + "param_offload": True, m + "optimizer_offload": True}
+    weights, grads = (
+        (1792 + 256) * 2,
+        (1792 + 256) * 4,
+    )  # test_moe_model_by_hand_with_the_distributed_optimizer
+    plan = mp.plan(_engine(**off), TINY_DS, DIE)
+    offload = _phase(plan, "offload actor")
+    assert "actor weights" not in _terms(offload) and "actor gradients" not in _terms(offload)
+    optim = _terms(_phase(plan, "actor update"))["optimizer states"]
+    assert offload.moved == weights + optim  # the grads are freed, not copied
+    assert _phase(plan, "onload actor").moved == weights + optim  # and re-made zeroed on the die
+    sync = _phase(plan, "weight sync and reshard")
+    rollout = _terms(sync)["rollout weights"]
+    assert _terms(sync)["actor weights"] == weights and sync.moved == rollout + weights
+    assert _phase(plan, "onload KV cache").moved == weights
+    # verl 0.7.1's workers keep the weights through the explicit offload's reshard
+    legacy = mp.plan(_megatron(**off), TINY_DS, DIE)
+    assert _phase(legacy, "weight sync and reshard").moved == rollout
+    # without param_offload: weights and the grad buffer held from generation to the sync
+    kept = mp.plan(_engine(), TINY_DS, DIE)
+    for name in (
+        "generation",
+        "reference forward",
+        "offload actor",
+        "weight sync and reshard",
+        "onload KV cache",
+    ):
+        assert _terms(_phase(kept, name))["actor gradients"] == grads, name
+    assert "actor gradients" not in _terms(_phase(mp.plan(_megatron(), TINY_DS, DIE), "generation"))
+
+
+def test_on_0_9_1_megatron_recomputes_only_what_override_transformer_config_asks():
+    """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read; its
+    recompute is override_transformer_config.recompute_granularity (null by default): the update's activations
+    are every layer's unless it is "full"."""
+    ckpt = {"actor_rollout_ref.model.enable_gradient_checkpointing": True}
+    full = {"actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": "full"}
+
+    def act(settings):
+        return _terms(_phase(mp.plan(settings, TINY_DS, DIE), "actor update"))["activations (update)"]
+
+    assert act(_engine(**ckpt)) == act(_engine()) > act(_engine(**full)) == act(_megatron(**ckpt))
+
+
+def test_plan_memory_compares_0_9_1s_rollout_release_and_reshard_both_ways():
+    """--compare on verl 0.9.1's Megatron engine: the bridge's all-gather, the explicit offload and sleep level 1
+    (kept on several nodes, as the original found; and freeing the die), each only where it changes the launch."""
+    launch = _engine(**{"trainer.nnodes": 2, "trainer.n_gpus_per_node": 2})
+    labels = [label for label, _ in cli.compare_changes(launch)]
+    assert labels == [
+        "all-gather reshard",
+        "sleep level 1 (kept on several nodes)",
+        "sleep level 1 (frees the die)",
+        "all-gather reshard, sleep level 1 (kept)",
+    ]
+    kept = mp.plan(dict(launch, **{"actor_rollout_ref.rollout.explicit_offload": False}), TINY_DS, DIE)
+    freed = mp.plan(
+        dict(launch, **{"actor_rollout_ref.rollout.explicit_offload": False, "_sleep_frees": True}),
+        TINY_DS,
+        DIE,
+    )
+    explicit = mp.plan(launch, TINY_DS, DIE)
+    assert "KV cache" in _terms(_phase(kept, "actor update"))
+    assert _terms(_phase(freed, "actor update")) == _terms(_phase(explicit, "actor update"))
+    assert "KV cache" not in _terms(_phase(explicit, "actor update"))
+    assert [label for label, _ in cli.compare_changes(_megatron())] == [
+        "all-gather reshard",
+        "no explicit offload",
+    ]
+
+
 def test_the_qwen_default_fits_an_a2_card_on_0_7_1_and_not_on_0_9_1():
     """The single-card launcher's settings (run_qwen2_5_1_5b.sh with NPUS=1, verl 0.7.1's server mode), and the
     same on verl 0.9.1."""
