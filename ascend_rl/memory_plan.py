@@ -300,6 +300,7 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.grad_offload": False,
     "actor_rollout_ref.actor.megatron.optimizer_offload": False,
     "actor_rollout_ref.actor.megatron.use_distributed_optimizer": True,
+    "actor_rollout_ref.actor.megatron.dtype": "bfloat16",  # verl 0.9.1's engine only (memory_plan._megatron_state)
     "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
     # verl's DDP config (megatron_utils.get_model) sets it True; override_ddp_config can turn it off
     "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32": True,
@@ -800,6 +801,13 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     # precision-aware optimizer reduces in a lower main_grads_dtype: engine/megatron/transformer_impl.py:439-463)
     grad_fp32 = bool(s[m + "override_ddp_config.grad_reduce_in_fp32"])
     param_b, grad_b = 2, (4 if grad_fp32 else 2)
+    # fp32 main weights + Adam's m and v per owned value; verl 0.9.1's engine builds the model at
+    # actor.megatron.dtype (bfloat16 by default, _generated_ppo_megatron_trainer.yaml:84; float32 on the CPU with
+    # the overlay's cpu-0016): fp32 weights and grad buffer, and the distributed optimizer's main weights are views
+    # of the param buffer, no copy (megatron-core 0.16.1 optimizer/distrib_optimizer.py:421-425), so 8 B
+    opt_b = 12
+    if megatron_engine(s) and str(s[m + "dtype"]) in ("float32", "fp32"):
+        param_b, grad_b, opt_b = 4, 4, 8
     # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
     # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
     # main weights + Adam's two moments of the elements in its rank's part of each
@@ -820,10 +828,10 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
             rank_terms[rank] = {
                 "weights": n_buf * param_b if dist else n_local * param_b,
                 "gradients": n_buf * grad_b,
-                "optimizer_states": 12 * rank_owned // swap,
+                "optimizer_states": opt_b * rank_owned // swap,
             }
     opt = max(t["optimizer_states"] for t in rank_terms.values())
-    if dist and not grad_fp32:
+    if dist and grad_b == 2:
         # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
         # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
         main_grads = Term(
@@ -833,11 +841,14 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
             + (f", 1/{swap} at a time with swap_optimizer" if swap > 1 else ""),
             estimate=True,
         )
+    mains = (
+        "fp32 main weights + Adam m, v (12 B/param)" if opt_b == 12 else "Adam m, v (8 B/param; fp32 weights)"
+    )
     opt_how = (
-        f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
+        f"{mains} of the rank's part of the DDP buffers (distributed "
         f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
         if dist
-        else "fp32 main weights + Adam m, v (12 B/param) of every local parameter"
+        else f"{mains} of every local parameter"
     )
     if swap > 1:
         opt_how += (

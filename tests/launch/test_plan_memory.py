@@ -522,6 +522,25 @@ def test_on_0_9_1_the_engine_frees_the_grad_buffer_with_the_weights_and_reloads_
     assert "actor gradients" not in _terms(_phase(mp.plan(_megatron(), TINY_DS, DIE), "generation"))
 
 
+def test_on_0_9_1_an_fp32_engine_holds_fp32_buffers_and_no_main_weight_copy():
+    """The engine at actor.megatron.dtype=float32 (the CPU runs, cpu-0016): fp32 param and grad buffers, and the
+    distributed optimizer's main weights are views of the param buffer, so a rank's optimizer states are Adam's m
+    and v alone, 8 B per owned value (the by-hand layout of test_moe_model_by_hand_with_the_distributed_optimizer);
+    bf16 (the default) keeps 12 B, and verl 0.7.1's workers read no dtype."""
+    fp32 = mp.plan(_engine(**{"actor_rollout_ref.actor.megatron.dtype": "float32"}), TINY_DS, DIE)
+    owned = {0: 272 + 96, 1: 252 + 96, 2: 332 + 96, 3: 312 + 96}
+    assert fp32.rank_terms == {
+        rank: {"weights": (1792 + 256) * 4, "gradients": (1792 + 256) * 4, "optimizer_states": 8 * n}
+        for rank, n in owned.items()
+    }
+    bf16 = mp.plan(_engine(), TINY_DS, DIE)
+    assert {r: t["optimizer_states"] for r, t in bf16.rank_terms.items()} == {
+        r: 12 * n for r, n in owned.items()
+    }
+    legacy = mp.plan(_megatron(**{"actor_rollout_ref.actor.megatron.dtype": "float32"}), TINY_DS, DIE)
+    assert legacy.rank_terms == bf16.rank_terms
+
+
 def test_on_0_9_1_megatron_recomputes_only_what_override_transformer_config_asks():
     """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read; its
     recompute is override_transformer_config.recompute_granularity (null by default): the update's activations
@@ -719,6 +738,46 @@ def test_the_memory_hook_records_weights_gradients_and_adam_states(
     line = _stepped_record(hook, record, stand_in, patch, attrs, method)
     assert line["phase"] == "actor update" and line["strategy"] == "fsdp"
     assert (line["weights"], line["gradients"], line["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+
+
+def test_the_memory_hook_records_the_megatron_engines_step(memory_hook):
+    """verl 0.9.1's MegatronEngine.optimizer_step on a stand-in: its model chunks (`module`) and a Megatron-style
+    optimizer whose torch optimizer steps fp32 main weights that are the weights themselves (fp32 weights: the
+    distributed optimizer's main weights are views of the param buffer), so they add nothing to the optimizer's
+    bytes; a bf16-style copy of them would."""
+    import types
+
+    import torch
+
+    hook, record = memory_hook
+    model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 values
+    copies = [p.detach().clone() for p in model.parameters()]
+
+    def make(mains):
+        def __init__(self):
+            self.module = [model]
+            self.optimizer = types.SimpleNamespace(chained_optimizers=[types.SimpleNamespace(optimizer=None)])
+            inner = torch.optim.AdamW(mains)
+            self.optimizer.chained_optimizers[0].optimizer = inner
+
+        def optimizer_step(self):
+            for main, param in zip(mains, model.parameters(), strict=True):
+                main.grad = param.grad
+            self.optimizer.chained_optimizers[0].optimizer.step()
+            return 1.0
+
+        return type("MegatronEngine", (), {"__init__": __init__, "optimizer_step": optimizer_step})
+
+    model(torch.ones(2, 8)).sum().backward()
+    views, cloned = make(list(model.parameters())), make(copies)
+    hook._patch_megatron_engine(types.SimpleNamespace(MegatronEngine=views))
+    hook._patch_megatron_engine(types.SimpleNamespace(MegatronEngine=cloned))
+    assert views().optimizer_step() == 1.0 and cloned().optimizer_step() == 1.0
+    first, second = [json.loads(x) for x in record.read_text().splitlines()]
+    assert first["phase"] == "actor update" and first["strategy"] == "megatron"
+    assert (first["weights"], first["gradients"], first["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+    assert first["main_params"] == 0
+    assert (second["optimizer_states"], second["main_params"]) == (3 * 36 * 4, 36 * 4)
 
 
 # --- checked against measurement (make test-full): a CPU run's bytes per rank and phase equal the plan's
