@@ -304,7 +304,9 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
     # verl's DDP config (megatron_utils.get_model) sets it True; override_ddp_config can turn it off
     "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32": True,
-    "actor_rollout_ref.ref.megatron.param_offload": False,
+    # unset: False on 0.6.0 / 0.7.1; verl 0.9.1's yaml follows the actor's (_generated_ppo_megatron_trainer.yaml:256
+    # param_offload: ${oc.select:actor_rollout_ref.actor.megatron.param_offload,False})
+    "actor_rollout_ref.ref.megatron.param_offload": None,
     "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     # Megatron's activation recompute (verl 0.9.1's engine reads no enable_gradient_checkpointing: the key its yaml
     # sets True, _generated_ppo_megatron_trainer.yaml:459, is the HF model's; the engine recomputes only what
@@ -884,7 +886,9 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
         p_off=p_off,
         g_off=g_off,
         o_off=o_off,
-        ref_off=bool(s[mref + "param_offload"]),
+        ref_off=bool(
+            p_off if s[mref + "param_offload"] is None and megatron_engine(s) else s[mref + "param_offload"]
+        ),
         rank_terms=rank_terms,
         main_grads=main_grads,
     )

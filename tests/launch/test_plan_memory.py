@@ -541,6 +541,28 @@ def test_on_0_9_1_an_fp32_engine_holds_fp32_buffers_and_no_main_weight_copy():
     assert legacy.rank_terms == bf16.rank_terms
 
 
+def test_on_0_9_1_the_reference_offloads_as_the_actor_unless_told():
+    """verl 0.9.1's yaml sets ref.megatron.param_offload to the actor's; 0.7.1's to False. An explicit value wins."""
+    m, ref = "actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.param_offload"
+    off = {m + "param_offload": True}
+
+    def ref_in_generation(settings):
+        return "reference weights" in _terms(_phase(mp.plan(settings, TINY_DS, DIE), "generation"))
+
+    assert not ref_in_generation(_engine(**off)) and ref_in_generation(_megatron(**off))
+    assert ref_in_generation(_engine()) and ref_in_generation(_engine(**off, **{ref: False}))
+    s = mp.settings_from_plan(
+        {
+            "config_name": "ppo_megatron_trainer",
+            "verl": {"version": "0.9.1"},
+            "overrides": {m + "param_offload": "True"},
+        }
+    )
+    assert not ref_in_generation(
+        dict(s, **{"trainer.n_gpus_per_node": 4, m + "expert_model_parallel_size": 2})
+    )
+
+
 def test_on_0_9_1_megatron_recomputes_only_what_override_transformer_config_asks():
     """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read; its
     recompute is override_transformer_config.recompute_granularity (null by default): the update's activations
@@ -669,6 +691,42 @@ def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tr
     phases = [ln.split()[0] for ln in lines[start + 1 : start + 10]]
     assert phases[0] == "generation" and "actor" in phases
     assert sum(ln.endswith("<- peak") for ln in lines) == 1
+
+
+def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path, pristine_base):
+    """run_deepseek_r1_a3.sh --base 0.9.1 --dry-run: the preflight's plan (from 0.9.1's composed config) is the
+    engine's, the same as plan_memory's from the launch's JSON: the bridge's weight sync, no activation recompute
+    (the yaml's enable_gradient_checkpointing=True is not the Megatron engine's), and, with sleep level 1 on 16
+    nodes planned as not freeing the die, an update over the A3 die."""
+    import shutil
+
+    from launcher_env import launcher_env, run_launcher
+
+    tree = tmp_path / "verl-0.9.1"
+    shutil.copytree(pristine_base("0.9.1"), tree, symlinks=True)
+    env = launcher_env(tmp_path, tree)
+    env.pop("VERL_BASE")
+    proc = run_launcher(DEEPSEEK, ["--base", "0.9.1", "--dry-run"], env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("memory plan per die"))
+    printed = {}
+    for ln in lines[start + 1 : start + 10]:
+        name, gib = ln.split("GiB")[0].rsplit(None, 1)
+        printed[name.strip().removeprefix("-> ")] = gib
+    proc = run_launcher(DEEPSEEK, ["--base", "0.9.1", "--dry-run", "--json"], env)
+    settings = mp.settings_from_plan(json.loads(proc.stdout))
+    plan = mp.plan_launch(settings)
+    assert mp.megatron_engine(settings)
+    assert printed == {ph.name: f"{ph.total / mp.GIB:.2f}" for ph in plan.phases}
+    assert plan.peak.name == "actor update" and printed["actor update"] == "109.13"
+    sync = _terms(_phase(plan, "weight sync and reshard"))
+    w1 = 2 * 2048 * 7168 * 2  # one expert's fused gate/up, bf16: 56 MiB
+    assert (
+        sync["reshard buffer, routed experts"] == 3 * w1
+    )  # ds-0206's worst call at EP128 (the README's figure)
+    gathered = mp.plan_launch(dict(settings, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}))
+    assert _terms(_phase(gathered, "weight sync and reshard"))["reshard buffer, routed experts"] == 9 * w1
 
 
 @pytest.fixture
