@@ -530,12 +530,18 @@ class Plan:
         return (
             f"the planned peak per die, {peak.total / GIB:.1f} GiB in phase '{peak.name}', exceeds the "
             f"{self.die.name}'s {self.die.memory / GIB:.0f} GiB less {self.headroom / GIB:.1f} GiB headroom; "
-            f"its largest term is {big.name} ({big.nbytes / GIB:.1f} GiB): {self._advice(big)} "
+            f"its largest term is {big.name} ({big.nbytes / GIB:.1f} GiB): {self._advice(big, peak)} "
             "(python3 -m ascend_rl plan_memory shows every term)"
         )
 
-    def _advice(self, big: Term) -> str:
+    def _advice(self, big: Term, peak: Phase | None = None) -> str:
         """What to change for the largest term, in one clause."""
+        if big.name in ("KV cache", "rollout weights") and peak is not None and peak.name != "generation":
+            # the rollout held through a training phase: the plan's sleep mode that does not free the die
+            return (
+                "the rollout's weights and KV cache stay on the die through training (sleep mode on several NPU "
+                "nodes, as the original found): set actor_rollout_ref.rollout.explicit_offload=True"
+            )
         if big.name in ("KV cache", "rollout weights", "rollout activations"):
             return (
                 "lower actor_rollout_ref.rollout.gpu_memory_utilization, or offload what the die holds beside "

@@ -287,6 +287,29 @@ def test_a_peak_over_the_die_is_refused_in_one_line_naming_phase_and_term():
     assert roomy.refusal() is None
 
 
+def test_a_rollout_kept_through_training_is_refused_with_the_explicit_offload_as_the_fix():
+    """On several NPU nodes without the explicit offload the plan keeps the rollout on the die through training;
+    when that tips the update over the die, the line says so, not "lower gpu_memory_utilization"."""
+    kept = _engine(
+        **{
+            "trainer.nnodes": 2,
+            "trainer.n_gpus_per_node": 2,
+            "actor_rollout_ref.rollout.explicit_offload": False,
+            "actor_rollout_ref.rollout.max_num_batched_tokens": 16,
+            "actor_rollout_ref.rollout.max_num_seqs": 4,
+            "actor_rollout_ref.actor.megatron.param_offload": True,
+            "actor_rollout_ref.actor.megatron.optimizer_offload": True,
+        }
+    )
+    plan = mp.plan(kept, TINY_DS, DIE)
+    line = plan.refusal()
+    assert plan.peak.name != "generation" and plan.peak.largest().name in ("KV cache", "rollout weights")
+    assert "explicit_offload=True" in line and "gpu_memory_utilization" not in line
+    at_generation = mp.plan(_fsdp(), TINY_QWEN, mp.Die("small die", 40_000, "a test"))
+    assert at_generation.peak.name == "generation"
+    assert "gpu_memory_utilization" in at_generation.refusal()
+
+
 def _cfg(settings: dict, model: str):
     from omegaconf import OmegaConf
 
