@@ -377,8 +377,8 @@ def megatron_engine(s: Mapping[str, Any]) -> bool:
     """Whether the launch's Megatron actor runs in verl's engine workers: on verl 0.9.1 main_ppo_v0.py:35-41 adds
     only engine_workers.ActorRolloutRefWorker, whose actor, reference and their offloads are the MegatronEngine's
     (workers/engine/megatron/transformer_impl.py; on an NPU its subclass MindspeedEngineWithLMHead,
-    workers/engine/mindspeed/transformer_impl.py:55-56, which adds MindSpeed's repatch from
-    override_transformer_config, :40-52, and keeps every buffer and offload of its parent), not
+    workers/engine/mindspeed/transformer_impl.py:56-57, which adds MindSpeed's repatch from
+    override_transformer_config, :40-53, and keeps every buffer and offload of its parent), not
     megatron_workers.py's MegatronPPOActor of 0.6.0 / 0.7.1."""
     return base_of(s) >= (0, 9) and str(s["actor_rollout_ref.actor.strategy"]) == "megatron"
 
@@ -812,7 +812,7 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     # fp32 main weights + Adam's m and v per owned value; verl 0.9.1's engine builds the model at
     # actor.megatron.dtype (bfloat16 by default, _generated_ppo_megatron_trainer.yaml:84; float32 on the CPU with
     # the overlay's cpu-0016): fp32 weights and grad buffer, and the distributed optimizer's main weights are views
-    # of the param buffer, no copy (megatron-core 0.16.1 optimizer/distrib_optimizer.py:421-425), so 8 B
+    # of the param buffer, no copy (megatron-core 0.16.1 optimizer/distrib_optimizer.py:419-425), so 8 B
     opt_b = 12
     if megatron_engine(s) and str(s[m + "dtype"]) in ("float32", "fp32"):
         param_b, grad_b, opt_b = 4, 4, 8
@@ -865,7 +865,7 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
     if megatron_engine(s):
         # verl 0.9.1 has no grad_offload: the engine moves the grad buffer with the weights (its train mode's
-        # context switch passes grad=is_param_offload_enabled, engine/base.py:318-323, and the engine's init
+        # context switch passes grad=is_param_offload_enabled, engine/base.py:322-328, and the engine's init
         # likewise, engine/megatron/transformer_impl.py:650-655), and offloading the model frees the grad buffer
         # (utils/megatron_utils.py:770-773: grad_data.storage().resize_(0)), reloading it zeroed, not copied
         # (:816-820). Without param_offload both buffers stay on the die through every phase.
@@ -886,7 +886,7 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
         optim=Term("optimizer states", _b(opt), opt_how),
         # (verl 0.9.1: the reference is a MegatronEngine with forward_only, built without DDP, engine/megatron/
         # transformer_impl.py:470-473, offloaded at init when ref.megatron.param_offload, :601-606, and loaded for
-        # its forward only, in eval mode, engine/base.py:318-320: the same bytes)
+        # its forward only, in eval mode, engine/base.py:320-321: the same bytes)
         ref_w=Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)"),
         param_b=param_b,
         p_off=p_off,
@@ -1210,13 +1210,15 @@ def _bridge_reshard_terms(
 ) -> list[Term]:
     """verl 0.9.1's weight sync through Megatron-Bridge 0.3.1 (engine_workers.update_weights, engine_workers.py:786
     -> MegatronEngine.get_per_tensor_param, engine/megatron/transformer_impl.py:1033-1054 -> export_hf_weights,
-    megatron/bridge/models/conversion/model_bridge.py:952-1000): one conversion task at a time, each converted on
+    megatron/bridge/models/conversion/model_bridge.py:952-998): one conversion task at a time, each converted on
     every rank and its dict of HF tensors held while the consumer copies them into the sync's bucket.
 
     Routed experts, the bridge's export (rollout.expert_reshard=allgather): a task is ONE local expert of one layer
-    and parameter (model_bridge.py:155). GatedMLPMapping.megatron_to_hf (param_mapping.py:2031-2076) broadcasts its
-    fused gate/up tensor from the owning PP stage (a buffer of it on every other stage: param_mapping.py:293-370),
-    splits it (torch.chunk, views) and all-gathers gate, then up, over EP (gather_from_ep_ranks, :689-694: EP
+    and parameter (model_bridge.py:155). GatedMLPMapping.megatron_to_hf (param_mapping.py:2034-2076) broadcasts its
+    fused gate/up tensor from the owning PP stage (a buffer of it on every other stage: param_mapping.py:293-373;
+    made on "cuda" when torch.cuda is available, :360, else on the host, where HCCL could not broadcast it: counted on
+    the die),
+    splits it (torch.chunk, views) and all-gathers gate, then up, over EP (gather_from_ep_ranks, :692-694: EP
     empty_like buffers each), both dicts alive until the task's tensors are yielded: (EP + 1 if PP > 1) x one
     expert's w1 at the peak, not every expert of the layer (the legacy per_tensor_generator's figure).
     AlltoAllV (patch ds-0206): alltoallv_call_extra. Dense: ColumnParallelMapping.megatron_to_hf (:838-863): the PP
@@ -1303,7 +1305,7 @@ def _phases(
 ) -> list[Phase]:
     """What the die holds in each phase of the step and each transition between them, in verl's order.
     `engine`: verl 0.9.1's MegatronEngine (megatron_engine()): its train mode's exit offloads the weights and frees
-    the grad buffer whatever the rollout does (engine/base.py:325-327), and its update_weights loads the weights
+    the grad buffer whatever the rollout does (engine/base.py:334-335), and its update_weights loads the weights
     back without the grads for the export and offloads them after it (engine/megatron/transformer_impl.py:1040,
     engine_workers.py:811-812), so the explicit offload changes the rollout's side only; without param_offload the
     grad buffer stays on the die in every phase; the grads are freed and re-made zeroed, never copied."""
