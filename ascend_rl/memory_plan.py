@@ -300,11 +300,18 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.grad_offload": False,
     "actor_rollout_ref.actor.megatron.optimizer_offload": False,
     "actor_rollout_ref.actor.megatron.use_distributed_optimizer": True,
+    "actor_rollout_ref.actor.megatron.dtype": "bfloat16",  # verl 0.9.1's engine only (memory_plan._megatron_state)
     "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
     # verl's DDP config (megatron_utils.get_model) sets it True; override_ddp_config can turn it off
     "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32": True,
-    "actor_rollout_ref.ref.megatron.param_offload": False,
+    # unset: False on 0.6.0 / 0.7.1; verl 0.9.1's yaml follows the actor's (_generated_ppo_megatron_trainer.yaml:256
+    # param_offload: ${oc.select:actor_rollout_ref.actor.megatron.param_offload,False})
+    "actor_rollout_ref.ref.megatron.param_offload": None,
     "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    # Megatron's activation recompute (verl 0.9.1's engine reads no enable_gradient_checkpointing: the key its yaml
+    # sets True, _generated_ppo_megatron_trainer.yaml:459, is the HF model's; the engine recomputes only what
+    # override_transformer_config asks, recompute_granularity null by default, :69)
+    "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": None,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
@@ -364,6 +371,16 @@ def engine_workers(s: Mapping[str, Any]) -> bool:
     """Whether the launch's FSDP actor runs in verl's engine workers (verl 0.9.1: main_ppo_v0.py:35-41 adds only
     engine_workers.ActorRolloutRefWorker; 0.6.0 / 0.7.1's fsdp_workers with dp_actor are gone)."""
     return base_of(s) >= (0, 9) and str(s["actor_rollout_ref.actor.strategy"]) in ("fsdp", "fsdp2")
+
+
+def megatron_engine(s: Mapping[str, Any]) -> bool:
+    """Whether the launch's Megatron actor runs in verl's engine workers: on verl 0.9.1 main_ppo_v0.py:35-41 adds
+    only engine_workers.ActorRolloutRefWorker, whose actor, reference and their offloads are the MegatronEngine's
+    (workers/engine/megatron/transformer_impl.py; on an NPU its subclass MindspeedEngineWithLMHead,
+    workers/engine/mindspeed/transformer_impl.py:56-57, which adds MindSpeed's repatch from
+    override_transformer_config, :40-53, and keeps every buffer and offload of its parent), not
+    megatron_workers.py's MegatronPPOActor of 0.6.0 / 0.7.1."""
+    return base_of(s) >= (0, 9) and str(s["actor_rollout_ref.actor.strategy"]) == "megatron"
 
 
 def vllm_ascend(s: Mapping[str, Any]) -> str:
@@ -513,12 +530,18 @@ class Plan:
         return (
             f"the planned peak per die, {peak.total / GIB:.1f} GiB in phase '{peak.name}', exceeds the "
             f"{self.die.name}'s {self.die.memory / GIB:.0f} GiB less {self.headroom / GIB:.1f} GiB headroom; "
-            f"its largest term is {big.name} ({big.nbytes / GIB:.1f} GiB): {self._advice(big)} "
+            f"its largest term is {big.name} ({big.nbytes / GIB:.1f} GiB): {self._advice(big, peak)} "
             "(python3 -m ascend_rl plan_memory shows every term)"
         )
 
-    def _advice(self, big: Term) -> str:
+    def _advice(self, big: Term, peak: Phase | None = None) -> str:
         """What to change for the largest term, in one clause."""
+        if big.name in ("KV cache", "rollout weights") and peak is not None and peak.name != "generation":
+            # the rollout held through a training phase: the plan's sleep mode that does not free the die
+            return (
+                "the rollout's weights and KV cache stay on the die through training (sleep mode on several NPU "
+                "nodes, as the original found): set actor_rollout_ref.rollout.explicit_offload=True"
+            )
         if big.name in ("KV cache", "rollout weights", "rollout activations"):
             return (
                 "lower actor_rollout_ref.rollout.gpu_memory_utilization, or offload what the die holds beside "
@@ -782,8 +805,17 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     main_grads: Term | None = None
     # bf16 weights; an fp32 grad buffer unless override_ddp_config.grad_reduce_in_fp32=False (verl sets it True;
     # the original system's MindSpeed trainer left Megatron's accumulate_allreduce_grads_in_fp32 at False)
+    # (verl 0.9.1's engine: an explicit override_ddp_config.grad_reduce_in_fp32 wins, else True unless the
+    # precision-aware optimizer reduces in a lower main_grads_dtype: engine/megatron/transformer_impl.py:439-463)
     grad_fp32 = bool(s[m + "override_ddp_config.grad_reduce_in_fp32"])
     param_b, grad_b = 2, (4 if grad_fp32 else 2)
+    # fp32 main weights + Adam's m and v per owned value; verl 0.9.1's engine builds the model at
+    # actor.megatron.dtype (bfloat16 by default, _generated_ppo_megatron_trainer.yaml:84; float32 on the CPU with
+    # the overlay's cpu-0016): fp32 weights and grad buffer, and the distributed optimizer's main weights are views
+    # of the param buffer, no copy (megatron-core 0.16.1 optimizer/distrib_optimizer.py:419-425), so 8 B
+    opt_b = 12
+    if megatron_engine(s) and str(s[m + "dtype"]) in ("float32", "fp32"):
+        param_b, grad_b, opt_b = 4, 4, 8
     # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
     # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
     # main weights + Adam's two moments of the elements in its rank's part of each
@@ -804,10 +836,10 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
             rank_terms[rank] = {
                 "weights": n_buf * param_b if dist else n_local * param_b,
                 "gradients": n_buf * grad_b,
-                "optimizer_states": 12 * rank_owned // swap,
+                "optimizer_states": opt_b * rank_owned // swap,
             }
     opt = max(t["optimizer_states"] for t in rank_terms.values())
-    if dist and not grad_fp32:
+    if dist and grad_b == 2:
         # the step casts the rank's part of the bf16 grads to fp32 grads of its main weights (Megatron's
         # distributed optimizer, _copy_model_grads_to_main_grads); freed after the step
         main_grads = Term(
@@ -817,17 +849,27 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
             + (f", 1/{swap} at a time with swap_optimizer" if swap > 1 else ""),
             estimate=True,
         )
+    mains = (
+        "fp32 main weights + Adam m, v (12 B/param)" if opt_b == 12 else "Adam m, v (8 B/param; fp32 weights)"
+    )
     opt_how = (
-        f"fp32 main weights + Adam m, v (12 B/param) of the rank's part of the DDP buffers (distributed "
+        f"{mains} of the rank's part of the DDP buffers (distributed "
         f"optimizer: dense / DP{lay.dp}, experts / expert-DP{lay.expert_dp}), the largest over the stage's ranks"
         if dist
-        else "fp32 main weights + Adam m, v (12 B/param) of every local parameter"
+        else f"{mains} of every local parameter"
     )
     if swap > 1:
         opt_how += (
             f"; MindSpeed swap_optimizer keeps it on the host, 1/{swap} swapped in at a time (estimate)"
         )
     p_off, g_off, o_off = (bool(s[m + k]) for k in ("param_offload", "grad_offload", "optimizer_offload"))
+    if megatron_engine(s):
+        # verl 0.9.1 has no grad_offload: the engine moves the grad buffer with the weights (its train mode's
+        # context switch passes grad=is_param_offload_enabled, engine/base.py:322-328, and the engine's init
+        # likewise, engine/megatron/transformer_impl.py:650-655), and offloading the model frees the grad buffer
+        # (utils/megatron_utils.py:770-773: grad_data.storage().resize_(0)), reloading it zeroed, not copied
+        # (:816-820). Without param_offload both buffers stay on the die through every phase.
+        g_off = p_off
     shard = f"TP{lay.tp} PP{lay.pp} (stage {stage}) EP{lay.ep}"
     pad = f" in DDP buffers padded to {n_buf / 1e9:.3f}B" if dist and n_buf != n_local else ""
     return TrainingState(
@@ -842,12 +884,17 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
             f"{'fp32' if grad_fp32 else 'bf16'} grad buffer{pad} (grad_reduce_in_fp32={grad_fp32}), {shard}",
         ),
         optim=Term("optimizer states", _b(opt), opt_how),
+        # (verl 0.9.1: the reference is a MegatronEngine with forward_only, built without DDP, engine/megatron/
+        # transformer_impl.py:470-473, offloaded at init when ref.megatron.param_offload, :601-606, and loaded for
+        # its forward only, in eval mode, engine/base.py:320-321: the same bytes)
         ref_w=Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)"),
         param_b=param_b,
         p_off=p_off,
         g_off=g_off,
         o_off=o_off,
-        ref_off=bool(s[mref + "param_offload"]),
+        ref_off=bool(
+            p_off if s[mref + "param_offload"] is None and megatron_engine(s) else s[mref + "param_offload"]
+        ),
         rank_terms=rank_terms,
         main_grads=main_grads,
     )
@@ -1030,6 +1077,8 @@ def _activation_terms(
     mb = int(s[a + "ppo_micro_batch_size_per_gpu"])
     t_train = mb * seq
     ckpt = bool(s["actor_rollout_ref.model.enable_gradient_checkpointing"])
+    if megatron_engine(s):
+        ckpt = str(s.get(a + "megatron.override_transformer_config.recompute_granularity") or "") == "full"
     # 1F1B: stage s holds up to pp - s micro-batches' activations (fewer when the mini-batch has fewer)
     n_micro = max(
         1, int(s.get(a + "ppo_mini_batch_size", mb) or mb) * int(s.get(r + "n", 1) or 1) // (mb * lay.dp)
@@ -1131,6 +1180,104 @@ def _reshard_terms(
     return reshard
 
 
+def alltoallv_call_extra(plan: mr.ExpertPlan, expert_nbytes: int) -> int:
+    """The largest transient bytes one rank holds in one collective of patch ds-0206's AlltoAllV export on verl
+    0.9.1: llm_rl/deepseek_r1/verl_modules/expert_reshard.py routes each routed-expert conversion task of the
+    bridge (one local expert's tensor of one layer and parameter) through moe_reshard.route_expert_tensor, one
+    all_to_all_single per (layer, parameter, local expert id): its receive buffer plus, when the rank sends that
+    tensor to several ranks, the packed send buffer (moe_reshard.tensor_step_traffic's `extra`), max over ranks,
+    stages and local ids. Every move of a call local: no buffer."""
+    per = plan.num_experts // plan.train.ep
+    world = plan.train.world_size
+    worst = 0
+    for stage in range(plan.train.pp):
+        for lid in range(per):
+            moves = mr.tensor_moves(plan, stage, lid)
+            if all(m.src == m.dst for m in moves):
+                continue
+            sends, recvs = [0] * world, [0] * world
+            for m in moves:
+                sends[m.src] += 1
+                recvs[m.dst] += 1
+            for rank in range(world):
+                extra = (sends[rank] if sends[rank] > 1 else 0) + recvs[rank]
+                worst = max(worst, extra * expert_nbytes)
+    return worst
+
+
+def _bridge_reshard_terms(
+    s: Mapping[str, Any], sh: Shapes, lay: Layout, train_layout, roll_w: int, facts: list
+) -> list[Term]:
+    """verl 0.9.1's weight sync through Megatron-Bridge 0.3.1 (engine_workers.update_weights, engine_workers.py:786
+    -> MegatronEngine.get_per_tensor_param, engine/megatron/transformer_impl.py:1033-1054 -> export_hf_weights,
+    megatron/bridge/models/conversion/model_bridge.py:952-998): one conversion task at a time, each converted on
+    every rank and its dict of HF tensors held while the consumer copies them into the sync's bucket.
+
+    Routed experts, the bridge's export (rollout.expert_reshard=allgather): a task is ONE local expert of one layer
+    and parameter (model_bridge.py:155). GatedMLPMapping.megatron_to_hf (param_mapping.py:2034-2076) broadcasts its
+    fused gate/up tensor from the owning PP stage (a buffer of it on every other stage: param_mapping.py:293-373;
+    made on "cuda" when torch.cuda is available, :360, else on the host, where HCCL could not broadcast it: counted on
+    the die),
+    splits it (torch.chunk, views) and all-gathers gate, then up, over EP (gather_from_ep_ranks, :692-694: EP
+    empty_like buffers each), both dicts alive until the task's tensors are yielded: (EP + 1 if PP > 1) x one
+    expert's w1 at the peak, not every expert of the layer (the legacy per_tensor_generator's figure).
+    AlltoAllV (patch ds-0206): alltoallv_call_extra. Dense: ColumnParallelMapping.megatron_to_hf (:838-863): the PP
+    broadcast's buffer of the rank's TP shard, the TP all-gather's shards and their concatenation (torch.cat) of
+    the largest weight. The bucket: BucketedWeightSender's device buffer (vllm_rollout/vllm_rollout.py:235-241,
+    bucketed_weight_transfer.py:183), checkpoint_engine.update_weights_bucket_megabytes."""
+    r = "actor_rollout_ref.rollout."
+    reshard: list[Term] = []
+    method = str(s[r + "expert_reshard"])
+    if sh.spec.num_experts:
+        w1 = max(sh.spec.expert_params, key=lambda e: e.nbytes)
+        ex_plan = mr.plan_experts(
+            train_layout, mr.RolloutLayout(lay.world, ep=lay.rollout_ep), sh.spec.num_experts
+        )
+        if method == mr.ALLTOALLV and ex_plan.method == mr.ALLTOALLV:
+            extra = alltoallv_call_extra(ex_plan, w1.nbytes)
+            how = (
+                f"patch ds-0206's AlltoAllV (expert_reshard.py, moe_reshard.route_expert_tensor): one local "
+                f"expert's {w1.name} per collective, receive + pack buffers, max over ranks"
+            )
+            label = "alltoallv"
+        else:
+            copies = lay.ep + (1 if lay.pp > 1 else 0)
+            extra = copies * w1.nbytes
+            how = (
+                f"Megatron-Bridge's export: one local expert's {w1.name} all-gathered over EP{lay.ep} "
+                f"(gather_from_ep_ranks, gate and up)" + (" + its PP broadcast buffer" if lay.pp > 1 else "")
+            )
+            label = "bridge all-gather"
+            if method == mr.ALLTOALLV:
+                label += f" (the AlltoAllV plan falls back: {ex_plan.reason})"
+        reshard.append(Term("reshard buffer, routed experts", extra, how))
+        facts.append(("reshard increment", f"{extra / GIB:.4f} GiB per die ({label})"))
+    big = max(sh.spec.dense_params, key=lambda p: p.nbytes)
+    full = big.nbytes
+    bcast = -(-full // lay.tp) if lay.pp > 1 else 0
+    gathered = 2 * full if lay.tp > 1 else 0
+    if bcast + gathered:
+        reshard.append(
+            Term(
+                "reshard buffer, dense",
+                bcast + gathered,
+                f"Megatron-Bridge's export of {big.name}: "
+                + ("its TP shard's PP broadcast buffer, " if bcast else "")
+                + ("the TP all-gather's shards and their concatenation" if gathered else ""),
+            )
+        )
+    bucket = int(s[r + "update_weights_bucket_megabytes"]) * MIB
+    if bucket:
+        reshard.append(
+            Term(
+                "weight bucket",
+                min(bucket, roll_w),
+                "the sync's device bucket (checkpoint_engine.update_weights_bucket_megabytes)",
+            )
+        )
+    return reshard
+
+
 def _streamed_sync(s: Mapping[str, Any]) -> bool:
     """Whether the weight sync leaves offloaded actor weights on the host and moves one tensor at a time: verl
     0.9.1's FSDP engine on FSDP2 without LoRA skips loading the whole model (engine/fsdp/transformer_impl.py:988-991)
@@ -1154,13 +1301,23 @@ def _phases(
     free_cache: bool,
     rollout_released: bool,
     facts: list,
+    engine: bool = False,
 ) -> list[Phase]:
-    """What the die holds in each phase of the step and each transition between them, in verl's order."""
+    """What the die holds in each phase of the step and each transition between them, in verl's order.
+    `engine`: verl 0.9.1's MegatronEngine (megatron_engine()): its train mode's exit offloads the weights and frees
+    the grad buffer whatever the rollout does (engine/base.py:334-335), and its update_weights loads the weights
+    back without the grads for the export and offloads them after it (engine/megatron/transformer_impl.py:1040,
+    engine_workers.py:811-812), so the explicit offload changes the rollout's side only; without param_offload the
+    grad buffer stays on the die in every phase; the grads are freed and re-made zeroed, never copied."""
     actor_w, grads, optim, ref_w = state.actor_w, state.grads, state.optim, state.ref_w
     p_off, g_off, o_off, ref_off = state.p_off, state.g_off, state.o_off, state.ref_off
+    grads_resident = [grads] if engine and not p_off else []
+    grads_moved = 0 if engine else grads.nbytes
+    if engine:
+        explicit = False  # for the actor's weights (above); the rollout's release is decided by the caller
     rollout_w, kv_t, roll_w = roll.weights, roll.kv, roll.weights.nbytes
     opt_resident = [] if o_off else [optim]
-    actor_resident_gen = [] if p_off else [actor_w]
+    actor_resident_gen = [] if p_off else [actor_w, *grads_resident]
     ref_resident = [] if ref_off else [ref_w]
     stay = [] if rollout_released else [rollout_w, kv_t]
     released_note = (
@@ -1200,6 +1357,7 @@ def _phases(
                 [
                     *stay,
                     actor_w,
+                    *grads_resident,
                     fwd_act(
                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "activations (forward)"
                     ),
@@ -1218,7 +1376,7 @@ def _phases(
             [*stay, actor_w, grads, optim, *ref_resident],
             "transition",
             moved=(actor_w.nbytes if p_off else 0)
-            + (grads.nbytes if g_off else 0)
+            + (grads_moved if g_off else 0)
             + (optim.nbytes if o_off else 0),
             note="weights, gradients, optimizer states onto the die",
         ),
@@ -1230,7 +1388,13 @@ def _phases(
         ),
         Phase(
             "offload actor",
-            [*stay, *([actor_w] if (explicit or not p_off) else []), *opt_resident, *ref_resident],
+            [
+                *stay,
+                *([actor_w] if (explicit or not p_off) else []),
+                *grads_resident,
+                *opt_resident,
+                *ref_resident,
+            ],
             "transition",
             moved=(optim.nbytes if o_off else 0) + (0 if explicit or not p_off else actor_w.nbytes),
             note="gradients freed; "
@@ -1244,6 +1408,7 @@ def _phases(
             "weight sync and reshard",
             [
                 *([] if streamed else [actor_w]),
+                *grads_resident,
                 rollout_w,
                 *reshard,
                 *([kv_t] if not rollout_released else []),
@@ -1292,9 +1457,13 @@ def plan(
     free_cache = bool(s[r + "free_cache_engine"]) or explicit
     if rollout_released is None:
         # without free_cache_engine the engine keeps its memory; with it, sleep mode frees it except on several
-        # NPU nodes, where the original found it did not (the explicit offload does)
+        # NPU nodes, where the original found it did not (the explicit offload does); `_sleep_frees` (plan_memory
+        # --compare's row) plans sleep mode freeing it there too, as vLLM-Ascend's code says it does
         rollout_released = free_cache and (
-            explicit or int(s["trainer.nnodes"]) == 1 or str(s["trainer.device"]) != "npu"
+            explicit
+            or bool(s.get("_sleep_frees"))
+            or int(s["trainer.nnodes"]) == 1
+            or str(s["trainer.device"]) != "npu"
         )
     train_layout = (
         mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
@@ -1317,7 +1486,21 @@ def plan(
         ("KV rule", f"vLLM-Ascend {vllm_ascend(s)}'s (verl base {s.get('_verl') or '0.6.0 / 0.7.1'})")
     )
     train_act, fwd_act = _activation_terms(s, sh, lay, stage, train_layout)
-    reshard = _reshard_terms(s, sh, lay, train_layout, state.param_b, roll.weights.nbytes, facts)
+    if megatron_engine(s):
+        reshard = _bridge_reshard_terms(s, sh, lay, train_layout, roll.weights.nbytes, facts)
+        # verl 0.9.1 forces sleep level 1 on an NPU (rollout/vllm_rollout/vllm_async_server.py:1289-1303), which
+        # in vLLM-Ascend 0.23.0.post1 copies the weights to the host and unmaps the pool (worker.py:228)
+        facts.append(
+            (
+                "rollout release",
+                "explicit offload (rollout.explicit_offload)"
+                if explicit
+                else "sleep level 1 (verl 0.9.1 forces it on an NPU)"
+                + ("" if rollout_released else ": planned as not freeing the die on several NPU nodes"),
+            )
+        )
+    else:
+        reshard = _reshard_terms(s, sh, lay, train_layout, state.param_b, roll.weights.nbytes, facts)
     phases = _phases(
         s,
         state,
@@ -1329,6 +1512,7 @@ def plan(
         free_cache=free_cache,
         rollout_released=rollout_released,
         facts=facts,
+        engine=megatron_engine(s),
     )
     comms = 0
     if lay.world > 1:

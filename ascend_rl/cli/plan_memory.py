@@ -36,7 +36,35 @@ COMPARE = {
         ),
     ),
 }
+# verl 0.9.1's Megatron engine (memory_plan.megatron_engine): sleep level 1 (which verl forces on an NPU) or the
+# explicit offload, both ways, and sleep level 1 freeing the die on several nodes as vLLM-Ascend's code says it does
+# (the original found sleep mode did not; only a multi-node A3 run tells)
+COMPARE_ENGINE = (
+    ("all-gather reshard", {"actor_rollout_ref.rollout.expert_reshard": "allgather"}),
+    ("explicit offload", {"actor_rollout_ref.rollout.explicit_offload": True}),
+    ("sleep level 1 (kept on several nodes)", {"actor_rollout_ref.rollout.explicit_offload": False}),
+    (
+        "sleep level 1 (frees the die)",
+        {"actor_rollout_ref.rollout.explicit_offload": False, "_sleep_frees": True},
+    ),
+    (
+        "all-gather reshard, sleep level 1 (kept)",
+        {
+            "actor_rollout_ref.rollout.expert_reshard": "allgather",
+            "actor_rollout_ref.rollout.explicit_offload": False,
+        },
+    ),
+)
 KEY_PHASES = ("generation", "weight sync and reshard", "actor update")
+
+
+def compare_changes(settings) -> tuple:
+    """The variants --compare plans beside the launch: those that change a setting of it."""
+    strategy = str(settings["actor_rollout_ref.actor.strategy"])
+    changes = COMPARE_ENGINE if mp.megatron_engine(settings) else COMPARE.get(strategy, ())
+    return tuple(
+        (label, change) for label, change in changes if any(settings.get(k) != v for k, v in change.items())
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
     try:
         settings = _apply(_settings(args), args.set)
         plan = mp.plan_launch(settings, args.die, args.model, stage=args.stage)
-        changes = COMPARE.get(str(settings["actor_rollout_ref.actor.strategy"]), ()) if args.compare else ()
+        changes = compare_changes(settings) if args.compare else ()
         others = [
             (
                 label,

@@ -73,15 +73,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def engine_run(e2e_python_091, pristine_base, tmp_path_factory):
-    """The driver under torch.distributed.run, 2 processes, then again with --resume; ({proc, results, resume_proc,
-    resume}, the tree)."""
+def prepare(python: Path, pristine_base, root: Path) -> tuple[Path, Path, Path, Path]:
+    """(tree, model, packages, work): the overlay's CPU tree of verl 0.9.1 (recipe_on_091's series + the CPU
+    overlay), the tiny DeepSeek-V3 checkpoint made under `python` (transformers 5), the 0.9.1 Megatron packages and
+    an empty work folder, under `root`."""
     packages = get_artifact(
-        "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, e2e_python_091, "0.9.1"
+        "megatron-core / megatron-bridge (0.9.1)", artifacts.megatron_packages, python, "0.9.1"
     )
     recipe = recipe_on_091()
-    root = tmp_path_factory.mktemp("megatron091")
     tree = root / "verl-0.9.1-cpu"
     subprocess.run(["cp", "-a", str(pristine_base("0.9.1")), str(tree)], check=True)
     apply = [
@@ -101,25 +100,50 @@ def engine_run(e2e_python_091, pristine_base, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     model = root / "model"
-    made = make_tiny_deepseek(e2e_python_091, model)
+    made = make_tiny_deepseek(python, model)
     assert made["transformers"].startswith("5."), made
     work = root / "work"
     work.mkdir()
+    return tree, model, packages, work
+
+
+def driver_env(tree: Path, packages: Path, *extra_path: str, **extra: str) -> dict[str, str]:
+    """The driver's environment: the CPU platform's variables (cpu-0014: the recipe's 0.9.1 cpu_env, or Qwen's
+    while DeepSeek's 0.9.1 base lists none), the tree and the Megatron packages (then `extra_path`) on PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    env.update(manifest.resolve_launch(recipe, "0.9.1", profile="cpu").cpu_env)
-    env.update(PYTHONPATH=os.pathsep.join([str(tree), str(packages)]), OMP_NUM_THREADS="1")
+    cpu_env = manifest.resolve_launch(recipe_on_091(), "0.9.1", profile="cpu").cpu_env
+    env.update(cpu_env or manifest.resolve_launch("qwen2_5", "0.9.1", profile="cpu").cpu_env)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(tree), str(packages), *extra_path]), OMP_NUM_THREADS="1", **extra
+    )
+    return env
+
+
+def run_driver(python: Path, model: Path, work: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    """The driver under torch.distributed.run, 2 processes on gloo."""
+    run = [str(python), "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    run += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return subprocess.run(
+        [*run, str(DRIVER), "--model", str(model), "--work", str(work), *extra],
+        cwd=work.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+
+
+@pytest.fixture(scope="module")
+def engine_run(e2e_python_091, pristine_base, tmp_path_factory):
+    """The driver under torch.distributed.run, 2 processes, then again with --resume; ({proc, results, resume_proc,
+    resume}, the tree)."""
+    tree, model, packages, work = prepare(
+        e2e_python_091, pristine_base, tmp_path_factory.mktemp("megatron091")
+    )
+    env = driver_env(tree, packages)
 
     def driver(*extra: str) -> subprocess.CompletedProcess:
-        run = [str(e2e_python_091), "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        run += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-        return subprocess.run(
-            [*run, str(DRIVER), "--model", str(model), "--work", str(work), *extra],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
+        return run_driver(e2e_python_091, model, work, env, *extra)
 
     def results(name: str) -> list:
         paths = (work / f"{name}-r0.json", work / f"{name}-r1.json")

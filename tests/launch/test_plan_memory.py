@@ -287,6 +287,29 @@ def test_a_peak_over_the_die_is_refused_in_one_line_naming_phase_and_term():
     assert roomy.refusal() is None
 
 
+def test_a_rollout_kept_through_training_is_refused_with_the_explicit_offload_as_the_fix():
+    """On several NPU nodes without the explicit offload the plan keeps the rollout on the die through training;
+    when that tips the update over the die, the line says so, not "lower gpu_memory_utilization"."""
+    kept = _engine(
+        **{
+            "trainer.nnodes": 2,
+            "trainer.n_gpus_per_node": 2,
+            "actor_rollout_ref.rollout.explicit_offload": False,
+            "actor_rollout_ref.rollout.max_num_batched_tokens": 16,
+            "actor_rollout_ref.rollout.max_num_seqs": 4,
+            "actor_rollout_ref.actor.megatron.param_offload": True,
+            "actor_rollout_ref.actor.megatron.optimizer_offload": True,
+        }
+    )
+    plan = mp.plan(kept, TINY_DS, DIE)
+    line = plan.refusal()
+    assert plan.peak.name != "generation" and plan.peak.largest().name in ("KV cache", "rollout weights")
+    assert "explicit_offload=True" in line and "gpu_memory_utilization" not in line
+    at_generation = mp.plan(_fsdp(), TINY_QWEN, mp.Die("small die", 40_000, "a test"))
+    assert at_generation.peak.name == "generation"
+    assert "gpu_memory_utilization" in at_generation.refusal()
+
+
 def _cfg(settings: dict, model: str):
     from omegaconf import OmegaConf
 
@@ -418,6 +441,191 @@ def test_on_0_9_1_offloaded_fsdp2_weights_stream_to_the_sync():
     assert "actor weights" in _terms(_phase(kept, "weight sync and reshard"))
 
 
+def _engine(**kw) -> dict:
+    """_megatron's 4 dies, TP1 EP2, on verl 0.9.1: the Megatron engine's layout (memory_plan.megatron_engine)."""
+    return _megatron(_verl="0.9.1", **kw)
+
+
+def test_on_0_9_1_the_megatron_actor_is_the_engines_and_0_7_1s_the_workers():
+    assert mp.megatron_engine(_engine()) and not mp.megatron_engine(_megatron(_verl="0.7.1"))
+    assert not mp.megatron_engine(_fsdp(_verl="0.9.1"))
+    s = mp.settings_from_plan({"config_name": "ppo_megatron_trainer", "verl": {"version": "0.9.1"}})
+    assert mp.megatron_engine(s)
+
+
+@pytest.mark.parametrize(
+    "kw, allgather, alltoallv",
+    [
+        # rollout EP4: every die keeps one expert. The bridge all-gathers one local expert's w1 (8x8 bf16, 128 B)
+        # over EP2: 2 x 128 (0.7.1's per_tensor_generator: all 4 experts of the layer, 512). ds-0206's call for
+        # local id 0: rank 2 receives expert 2 from rank 1, one w1 (the same as the layer's figure here)
+        ({}, 2 * 128, 128),
+        # rollout EP off: every die keeps all 4. A call (local id 0) moves experts 0 and 2 to every die: rank 0
+        # receives its own expert 0 and expert 2 (256) and sends expert 0 to itself and to rank 1, packed (256):
+        # 512, where the layer's figure (both local ids at once) is 1024
+        ({"actor_rollout_ref.rollout.expert_parallel_size": 1}, 2 * 128, 512),
+        # PP2 x EP2: a non-owning stage also holds the PP broadcast's buffer of that w1: 3 x 128
+        (
+            {
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 2,
+                "actor_rollout_ref.rollout.expert_parallel_size": 1,
+            },
+            3 * 128,
+            None,
+        ),
+    ],
+)
+def test_on_0_9_1_the_bridges_all_gather_holds_one_local_expert_per_ep_rank(kw, allgather, alltoallv):
+    """Megatron-Bridge's export converts one local expert per task and all-gathers it over EP (gate, then up),
+    so the all-gather's buffer is EP copies of one expert's w1 (plus the PP broadcast's), not every expert of the
+    layer as verl 0.7.1's per_tensor_generator gathered; ds-0206's AlltoAllV issues one call per local id."""
+    key = "reshard buffer, routed experts"
+    gathered = mp.plan(
+        _engine(**kw, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}), TINY_DS, DIE
+    )
+    assert _terms(_phase(gathered, "weight sync and reshard"))[key] == allgather
+    if alltoallv is not None:
+        moved = mp.plan(_engine(**kw), TINY_DS, DIE)
+        assert _terms(_phase(moved, "weight sync and reshard"))[key] == alltoallv
+        assert "(alltoallv)" in dict(moved.facts)["reshard increment"]
+    # the legacy workers' figure is every expert of the layer
+    legacy = mp.plan(
+        _megatron(**kw, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}), TINY_DS, DIE
+    )
+    assert _terms(_phase(legacy, "weight sync and reshard"))[key] == 4 * 128
+
+
+def test_on_0_9_1_the_bridges_dense_export_gathers_over_tp_and_broadcasts_over_pp():
+    """The largest dense weight of TINY_DS is layer 0's gate/up, 32 x 8 bf16 = 512 B, split on dim 0. TP1 PP1: the
+    bridge yields the parameter itself (no buffer; 0.7.1's plan counted a gather of it); TP2: the TP all-gather's
+    two shards and their concatenation, 1024; PP2: the broadcast buffer of the whole (TP1) tensor, 512."""
+    key = "reshard buffer, dense"
+    m = "actor_rollout_ref.actor.megatron."
+    assert key not in _terms(_phase(mp.plan(_engine(), TINY_DS, DIE), "weight sync and reshard"))
+    tp2 = mp.plan(_engine(**{m + "tensor_model_parallel_size": 2}), TINY_DS, DIE)
+    assert _terms(_phase(tp2, "weight sync and reshard"))[key] == 1024
+    pp2 = mp.plan(_engine(**{m + "pipeline_model_parallel_size": 2}), TINY_DS, DIE)
+    assert _terms(_phase(pp2, "weight sync and reshard"))[key] == 512
+    assert key in _terms(_phase(mp.plan(_megatron(), TINY_DS, DIE), "weight sync and reshard"))
+
+
+def test_on_0_9_1_the_engine_frees_the_grad_buffer_with_the_weights_and_reloads_them_for_the_sync():
+    """verl 0.9.1's MegatronEngine: param_offload moves the weights and frees the grad buffer (no grad_offload);
+    the update's end offloads the weights even with the explicit offload, and update_weights loads them back for
+    the export. Without param_offload the grad buffer stays on the die in every phase."""
+    m = "actor_rollout_ref.actor.megatron."
+    off = {m + "param_offload": True, m + "optimizer_offload": True}
+    weights, grads = (
+        (1792 + 256) * 2,
+        (1792 + 256) * 4,
+    )  # test_moe_model_by_hand_with_the_distributed_optimizer
+    plan = mp.plan(_engine(**off), TINY_DS, DIE)
+    offload = _phase(plan, "offload actor")
+    assert "actor weights" not in _terms(offload) and "actor gradients" not in _terms(offload)
+    optim = _terms(_phase(plan, "actor update"))["optimizer states"]
+    assert offload.moved == weights + optim  # the grads are freed, not copied
+    assert _phase(plan, "onload actor").moved == weights + optim  # and re-made zeroed on the die
+    sync = _phase(plan, "weight sync and reshard")
+    rollout = _terms(sync)["rollout weights"]
+    assert _terms(sync)["actor weights"] == weights and sync.moved == rollout + weights
+    assert _phase(plan, "onload KV cache").moved == weights
+    # verl 0.7.1's workers keep the weights through the explicit offload's reshard
+    legacy = mp.plan(_megatron(**off), TINY_DS, DIE)
+    assert _phase(legacy, "weight sync and reshard").moved == rollout
+    # without param_offload: weights and the grad buffer held from generation to the sync
+    kept = mp.plan(_engine(), TINY_DS, DIE)
+    for name in (
+        "generation",
+        "reference forward",
+        "offload actor",
+        "weight sync and reshard",
+        "onload KV cache",
+    ):
+        assert _terms(_phase(kept, name))["actor gradients"] == grads, name
+    assert "actor gradients" not in _terms(_phase(mp.plan(_megatron(), TINY_DS, DIE), "generation"))
+
+
+def test_on_0_9_1_an_fp32_engine_holds_fp32_buffers_and_no_main_weight_copy():
+    """The engine at actor.megatron.dtype=float32 (the CPU runs, cpu-0016): fp32 param and grad buffers, and the
+    distributed optimizer's main weights are views of the param buffer, so a rank's optimizer states are Adam's m
+    and v alone, 8 B per owned value (the by-hand layout of test_moe_model_by_hand_with_the_distributed_optimizer);
+    bf16 (the default) keeps 12 B, and verl 0.7.1's workers read no dtype."""
+    fp32 = mp.plan(_engine(**{"actor_rollout_ref.actor.megatron.dtype": "float32"}), TINY_DS, DIE)
+    owned = {0: 272 + 96, 1: 252 + 96, 2: 332 + 96, 3: 312 + 96}
+    assert fp32.rank_terms == {
+        rank: {"weights": (1792 + 256) * 4, "gradients": (1792 + 256) * 4, "optimizer_states": 8 * n}
+        for rank, n in owned.items()
+    }
+    bf16 = mp.plan(_engine(), TINY_DS, DIE)
+    assert {r: t["optimizer_states"] for r, t in bf16.rank_terms.items()} == {
+        r: 12 * n for r, n in owned.items()
+    }
+    legacy = mp.plan(_megatron(**{"actor_rollout_ref.actor.megatron.dtype": "float32"}), TINY_DS, DIE)
+    assert legacy.rank_terms == bf16.rank_terms
+
+
+def test_on_0_9_1_the_reference_offloads_as_the_actor_unless_told():
+    """verl 0.9.1's yaml sets ref.megatron.param_offload to the actor's; 0.7.1's to False. An explicit value wins."""
+    m, ref = "actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.param_offload"
+    off = {m + "param_offload": True}
+
+    def ref_in_generation(settings):
+        return "reference weights" in _terms(_phase(mp.plan(settings, TINY_DS, DIE), "generation"))
+
+    assert not ref_in_generation(_engine(**off)) and ref_in_generation(_megatron(**off))
+    assert ref_in_generation(_engine()) and ref_in_generation(_engine(**off, **{ref: False}))
+    s = mp.settings_from_plan(
+        {
+            "config_name": "ppo_megatron_trainer",
+            "verl": {"version": "0.9.1"},
+            "overrides": {m + "param_offload": "True"},
+        }
+    )
+    assert not ref_in_generation(
+        dict(s, **{"trainer.n_gpus_per_node": 4, m + "expert_model_parallel_size": 2})
+    )
+
+
+def test_on_0_9_1_megatron_recomputes_only_what_override_transformer_config_asks():
+    """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read; its
+    recompute is override_transformer_config.recompute_granularity (null by default): the update's activations
+    are every layer's unless it is "full"."""
+    ckpt = {"actor_rollout_ref.model.enable_gradient_checkpointing": True}
+    full = {"actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": "full"}
+
+    def act(settings):
+        return _terms(_phase(mp.plan(settings, TINY_DS, DIE), "actor update"))["activations (update)"]
+
+    assert act(_engine(**ckpt)) == act(_engine()) > act(_engine(**full)) == act(_megatron(**ckpt))
+
+
+def test_plan_memory_compares_0_9_1s_rollout_release_and_reshard_both_ways():
+    """--compare on verl 0.9.1's Megatron engine: the bridge's all-gather, the explicit offload and sleep level 1
+    (kept on several nodes, as the original found; and freeing the die), each only where it changes the launch."""
+    launch = _engine(**{"trainer.nnodes": 2, "trainer.n_gpus_per_node": 2})
+    labels = [label for label, _ in cli.compare_changes(launch)]
+    assert labels == [
+        "all-gather reshard",
+        "sleep level 1 (kept on several nodes)",
+        "sleep level 1 (frees the die)",
+        "all-gather reshard, sleep level 1 (kept)",
+    ]
+    kept = mp.plan(dict(launch, **{"actor_rollout_ref.rollout.explicit_offload": False}), TINY_DS, DIE)
+    freed = mp.plan(
+        dict(launch, **{"actor_rollout_ref.rollout.explicit_offload": False, "_sleep_frees": True}),
+        TINY_DS,
+        DIE,
+    )
+    explicit = mp.plan(launch, TINY_DS, DIE)
+    assert "KV cache" in _terms(_phase(kept, "actor update"))
+    assert _terms(_phase(freed, "actor update")) == _terms(_phase(explicit, "actor update"))
+    assert "KV cache" not in _terms(_phase(explicit, "actor update"))
+    assert [label for label, _ in cli.compare_changes(_megatron())] == [
+        "all-gather reshard",
+        "no explicit offload",
+    ]
+
+
 def test_the_qwen_default_fits_an_a2_card_on_0_7_1_and_not_on_0_9_1():
     """The single-card launcher's settings (run_qwen2_5_1_5b.sh with NPUS=1, verl 0.7.1's server mode), and the
     same on verl 0.9.1."""
@@ -508,6 +716,42 @@ def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tr
     assert sum(ln.endswith("<- peak") for ln in lines) == 1
 
 
+def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path, pristine_base):
+    """run_deepseek_r1_a3.sh --base 0.9.1 --dry-run: the preflight's plan (from 0.9.1's composed config) is the
+    engine's, the same as plan_memory's from the launch's JSON: the bridge's weight sync, no activation recompute
+    (the yaml's enable_gradient_checkpointing=True is not the Megatron engine's), and, with sleep level 1 on 16
+    nodes planned as not freeing the die, an update over the A3 die."""
+    import shutil
+
+    from launcher_env import launcher_env, run_launcher
+
+    tree = tmp_path / "verl-0.9.1"
+    shutil.copytree(pristine_base("0.9.1"), tree, symlinks=True)
+    env = launcher_env(tmp_path, tree)
+    env.pop("VERL_BASE")
+    proc = run_launcher(DEEPSEEK, ["--base", "0.9.1", "--dry-run"], env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("memory plan per die"))
+    printed = {}
+    for ln in lines[start + 1 : start + 10]:
+        name, gib = ln.split("GiB")[0].rsplit(None, 1)
+        printed[name.strip().removeprefix("-> ")] = gib
+    proc = run_launcher(DEEPSEEK, ["--base", "0.9.1", "--dry-run", "--json"], env)
+    settings = mp.settings_from_plan(json.loads(proc.stdout))
+    plan = mp.plan_launch(settings)
+    assert mp.megatron_engine(settings)
+    assert printed == {ph.name: f"{ph.total / mp.GIB:.2f}" for ph in plan.phases}
+    assert plan.peak.name == "actor update" and printed["actor update"] == "109.13"
+    sync = _terms(_phase(plan, "weight sync and reshard"))
+    w1 = 2 * 2048 * 7168 * 2  # one expert's fused gate/up, bf16: 56 MiB
+    assert (
+        sync["reshard buffer, routed experts"] == 3 * w1
+    )  # ds-0206's worst call at EP128 (the README's figure)
+    gathered = mp.plan_launch(dict(settings, **{"actor_rollout_ref.rollout.expert_reshard": "allgather"}))
+    assert _terms(_phase(gathered, "weight sync and reshard"))["reshard buffer, routed experts"] == 9 * w1
+
+
 @pytest.fixture
 def memory_hook(tmp_path, monkeypatch):
     """hooks/recipes_memory_record.py imported with its record file set: (the module, the record file)."""
@@ -575,6 +819,46 @@ def test_the_memory_hook_records_weights_gradients_and_adam_states(
     line = _stepped_record(hook, record, stand_in, patch, attrs, method)
     assert line["phase"] == "actor update" and line["strategy"] == "fsdp"
     assert (line["weights"], line["gradients"], line["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+
+
+def test_the_memory_hook_records_the_megatron_engines_step(memory_hook):
+    """verl 0.9.1's MegatronEngine.optimizer_step on a stand-in: its model chunks (`module`) and a Megatron-style
+    optimizer whose torch optimizer steps fp32 main weights that are the weights themselves (fp32 weights: the
+    distributed optimizer's main weights are views of the param buffer), so they add nothing to the optimizer's
+    bytes; a bf16-style copy of them would."""
+    import types
+
+    import torch
+
+    hook, record = memory_hook
+    model = torch.nn.Linear(8, 4)  # 32 + 4 fp32 values
+    copies = [p.detach().clone() for p in model.parameters()]
+
+    def make(mains):
+        def __init__(self):
+            self.module = [model]
+            self.optimizer = types.SimpleNamespace(chained_optimizers=[types.SimpleNamespace(optimizer=None)])
+            inner = torch.optim.AdamW(mains)
+            self.optimizer.chained_optimizers[0].optimizer = inner
+
+        def optimizer_step(self):
+            for main, param in zip(mains, model.parameters(), strict=True):
+                main.grad = param.grad
+            self.optimizer.chained_optimizers[0].optimizer.step()
+            return 1.0
+
+        return type("MegatronEngine", (), {"__init__": __init__, "optimizer_step": optimizer_step})
+
+    model(torch.ones(2, 8)).sum().backward()
+    views, cloned = make(list(model.parameters())), make(copies)
+    hook._patch_megatron_engine(types.SimpleNamespace(MegatronEngine=views))
+    hook._patch_megatron_engine(types.SimpleNamespace(MegatronEngine=cloned))
+    assert views().optimizer_step() == 1.0 and cloned().optimizer_step() == 1.0
+    first, second = [json.loads(x) for x in record.read_text().splitlines()]
+    assert first["phase"] == "actor update" and first["strategy"] == "megatron"
+    assert (first["weights"], first["gradients"], first["optimizer_states"]) == (36 * 4, 36 * 4, 2 * 36 * 4)
+    assert first["main_params"] == 0
+    assert (second["optimizer_states"], second["main_params"]) == (3 * 36 * 4, 36 * 4)
 
 
 # --- checked against measurement (make test-full): a CPU run's bytes per rank and phase equal the plan's

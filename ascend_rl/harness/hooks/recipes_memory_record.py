@@ -6,11 +6,14 @@ With RECIPES_MEMORY_RECORD=<file>, every process of the run appends one JSON lin
   FSDP (verl's DataParallelPPOActor._optimizer_step, verl 0.6.0 and 0.7.1; verl 0.9.1's engine workers:
   FSDPEngine.optimizer_step): the local shard of every parameter (an FSDP2 DTensor's to_local()), its gradient,
   AdamW's exp_avg / exp_avg_sq.
-  Megatron (verl's MegatronPPOActor: its actor_optimizer.step(), wrapped per actor): the parameters, which the
-  DDP wrapper has made views of its contiguous param buffers when the distributed optimizer is on (so the
-  buffers are counted, padding included), their main_grad views of the fp32 grad buffers, and per optimizer of a
-  ChainedOptimizer (dense and expert-parallel) the fp32 main weights its inner torch optimizer steps (the
-  distributed optimizer's shards) with their exp_avg / exp_avg_sq;
+  Megatron (verl's MegatronPPOActor on 0.6.0 / 0.7.1: its actor_optimizer.step(), wrapped per actor; verl
+  0.9.1's engine workers: MegatronEngine.optimizer_step, workers/engine/megatron/transformer_impl.py, which
+  MindspeedEngineWithLMHead inherits): the parameters, which the DDP wrapper has made views of its contiguous
+  param buffers when the distributed optimizer is on (so the buffers are counted, padding included), their
+  main_grad views of the grad buffers, and per optimizer of a ChainedOptimizer (dense and expert-parallel) the
+  fp32 main weights its inner torch optimizer steps (the distributed optimizer's shards) with their exp_avg /
+  exp_avg_sq, less any storage the weights already hold (with fp32 weights the main weights are views of the
+  param buffers: megatron-core 0.16's distrib_optimizer.py, fp32 params);
 - when a vLLM engine allocates its KV cache (GPUModelRunner.initialize_kv_cache: vLLM 0.13's CPU model runner
   inherits it, 0.23's overrides it and calls it through super()), phase "generation": the engine's weights, the KV
   cache tensors and their block count (and whether it was vLLM 0.23's minimal cache for profiling).
@@ -30,6 +33,7 @@ _RECORD = os.environ.get(ENV)
 _ACTOR = "verl.workers.actor.dp_actor"
 _ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _MEGATRON_ACTOR = "verl.workers.actor.megatron_actor"
+_MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl"
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
@@ -124,12 +128,13 @@ def _adam_states(optimizers):
     ]
 
 
-def _megatron_step(actor, step):
-    """actor_optimizer.step of a MegatronPPOActor, recording the actor's state around it."""
+def _megatron_step(modules_of, optimizer_of, step):
+    """A Megatron optimizer's step (`step`, called with the step's own arguments), recording around it the state of
+    the model chunks `modules_of()` and the optimizer `optimizer_of()`."""
 
     def wrapped(*args, **kwargs):
         try:
-            params = [p for chunk in actor.actor_module for p in chunk.parameters()]
+            params = [p for chunk in modules_of() for p in chunk.parameters()]
             grads = [
                 getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None else p.grad
                 for p in params
@@ -141,22 +146,22 @@ def _megatron_step(actor, step):
                 "strategy": "megatron",
             }
         except Exception as exc:  # noqa: BLE001
-            before = {"error": repr(exc)}
+            params, before = [], {"error": repr(exc)}
         out = step(*args, **kwargs)
         try:
             # a ChainedOptimizer (dense + expert-parallel) or one Megatron optimizer; each wraps a torch optimizer
             # whose param_groups hold the fp32 main weights (the distributed optimizer: this rank's shard of them)
-            megatron_opts = getattr(actor.actor_optimizer, "chained_optimizers", None) or [
-                actor.actor_optimizer
-            ]
+            optimizer = optimizer_of()
+            megatron_opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
             inner = [o.optimizer for o in megatron_opts]
             mains = [p for opt in inner for group in opt.param_groups for p in group["params"]]
+            held = _nbytes(params)  # storages the weights already count (fp32 main weights are their views)
             _write(
                 {
                     "phase": "actor update",
                     **before,
-                    "optimizer_states": _nbytes(mains + _adam_states(inner)),
-                    "main_params": _nbytes(mains),
+                    "optimizer_states": _nbytes(params + mains + _adam_states(inner)) - held,
+                    "main_params": _nbytes(params + mains) - held,
                 }
             )
         except Exception as exc:  # noqa: BLE001
@@ -176,9 +181,26 @@ def _patch_megatron_actor(module):
         init(self, *args, **kwargs)
         opt = getattr(self, "actor_optimizer", None)
         if opt is not None:  # the reference's MegatronPPOActor has none
-            opt.step = _megatron_step(self, opt.step)
+            opt.step = _megatron_step(lambda: self.actor_module, lambda: opt, opt.step)
 
     cls.__init__ = __init__
+
+
+def _patch_megatron_engine(module):
+    """verl 0.9.1's engine workers: MegatronEngine.optimizer_step (workers/engine/megatron/transformer_impl.py),
+    which BaseEngine.train_batch calls after the mini-batch's backward passes and its subclasses (the LM-head
+    engine, MindSpeed's) inherit; the reference's engine (forward_only) has no optimizer and never steps."""
+    cls = getattr(module, "MegatronEngine", None)
+    if cls is None or not hasattr(cls, "optimizer_step"):
+        return
+    step = cls.optimizer_step
+
+    def optimizer_step(self, *args, **kwargs):
+        return _megatron_step(
+            lambda: self.module, lambda: self.optimizer, lambda: step(self, *args, **kwargs)
+        )()
+
+    cls.optimizer_step = optimizer_step
 
 
 def _patch_runner(module):
@@ -228,6 +250,7 @@ if _RECORD:
             _ACTOR: _patch_actor,
             _ENGINE: _patch_engine,
             _MEGATRON_ACTOR: _patch_megatron_actor,
+            _MEGATRON_ENGINE: _patch_megatron_engine,
             _RUNNER: _patch_runner,
         },
         lambda module, exc: _write({"phase": "hook", "error": repr(exc)}),
