@@ -123,10 +123,10 @@ def test_the_base_is_qwens_pin_on_the_a3_image_and_the_default_stays(recipe):
     assert "trainer.use_v1=False" in recipe.overrides
     assert recipe.default == "0.6.0"
     # the carried shared ports, in Qwen's order, then the recipe's own: ds-0103 serves 0.7.1 and 0.9.1 from one file,
-    # ds-0206 is ds-0106's port (the reshard inside the bridge's export)
+    # ds-0206 is ds-0106's port (the reshard inside the bridge's export), ds-0204 / ds-0208 ds-0104's / ds-0108's
     ids = [patchset.patch_id(p) for p in recipe.series]
-    assert ids == [*(patchset.patch_id(p) for p in qwen.series), "ds-0103", "ds-0206"]
-    assert all(BASE in patchdoc.header_bases(patchdoc.read_header(p)) for p in recipe.series[-2:])
+    assert ids == [*(patchset.patch_id(p) for p in qwen.series), "ds-0103", "ds-0206", "ds-0204", "ds-0208"]
+    assert all(BASE in patchdoc.header_bases(patchdoc.read_header(p)) for p in recipe.series[-4:])
 
 
 def test_the_image_is_the_one_vllm_ascends_a3_dockerfile_builds_on(recipe):
