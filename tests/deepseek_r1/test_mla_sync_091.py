@@ -226,6 +226,9 @@ def ascend_post_load(up, attention_cls):
     return _compiled(up.post_load_fn, ns, POST_LOAD)
 
 
+ATTENTION_CLASSES: list[type] = []
+
+
 class Receiver:
     """BucketedWeightReceiver's contract in 0.9.1: on_bucket_received(list of (name, tensor), is_last) per bucket."""
 
@@ -250,7 +253,9 @@ def make_worker(tree: Path, model, up, monkeypatch, additional_config=None):
     loader_patch = _load(tree / "verl/utils/vllm/patch.py", f"verl_vllm_patch_{id(tree)}")
     loader_patch.SUPPORTED_MOE_MODELS[:] = [type(model)]  # vllm's DeepseekV3ForCausalLM, here
     buffers = _load(tree / "verl/workers/rollout/vllm_rollout/weight_update_utils.py", f"wuu_{id(tree)}")
-    attention = type(model.model.layers[0].self_attn.mla_attn)
+    # every model builds its own MLAAttention class: the post-load step knows those of all engines made so far
+    ATTENTION_CLASSES.append(type(model.model.layers[0].self_attn.mla_attn))
+    attention = tuple(ATTENTION_CLASSES)
     modules = {
         "vllm": types.ModuleType("vllm"),
         "vllm.model_executor": types.ModuleType("vllm.model_executor"),
