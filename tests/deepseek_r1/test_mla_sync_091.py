@@ -357,12 +357,15 @@ def test_sleep_mode_sync_still_ends_with_the_trainers_weights(upstream_023, tree
     ds-0208's step does nothing."""
     model = build_model_023(upstream_023)
     worker = make_worker(trees["full"], model, upstream_023, monkeypatch)
+    impl = model.model.layers[0].self_attn.mla_attn.impl
+    w_uv, w_uk_t = impl.W_UV, impl.W_UK_T
     for step in (1, 2):
         worker.wake_up(tags=["weights"])
         assert model.model.layers[0].mlp.experts.w13_weight.shape == (E, 2 * FFN, H), "wake_up: loader layout"
         weights = trainer_weights(10 + step)
         sync(worker, weights)
         assert_engine_holds(upstream_023, model, weights)
+        assert impl.W_UV is w_uv and impl.W_UK_T is w_uk_t
 
 
 def test_a_weights_wake_up_without_a_sync_leaves_the_experts_in_the_loader_layout(
