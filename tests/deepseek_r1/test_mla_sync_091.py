@@ -29,12 +29,13 @@ from test_deepseek_weight_sync import (
     H,
     _compiled,
     _load,
+    ascend_layer_classes,
     assert_engine_holds,
     build_model,
     trainer_weights,
 )
 from test_explicit_offload_071 import UTILS, method
-from test_vllm_ascend_contract import FUSED_MOE, MLA, WORKER, function
+from test_vllm_ascend_contract import WORKER, function
 from test_vllm_ascend_contract_023 import ascend_023_path, vllm_023_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,42 +116,12 @@ def upstream_023():
             return weight
 
     ns = {
-        "torch": torch,
         "torch_npu": types.SimpleNamespace(npu_format_cast=identity),
-        "UnquantizedFusedMoEMethod": UnquantizedFusedMoEMethod,
         "get_ascend_config": lambda: ascend_config,
         "ACL_FORMAT_FRACTAL_NZ": 29,
-        "maybe_trans_nz": identity,
     }
-    qual = "AscendUnquantizedFusedMoEMethod.process_weights_after_loading"
-    moe_post = _compiled(function(ascend, FUSED_MOE, qual), ns, FUSED_MOE)
-    method_cls = type(
-        "AscendUnquantizedFusedMoEMethod",
-        (UnquantizedFusedMoEMethod,),
-        {"process_weights_after_loading": moe_post, "__module__": "vllm_ascend.ops.fused_moe.fused_moe"},
-    )
-
-    class UnquantizedLinearMethod:
-        pass
-
-    mla_ns = {
-        "torch": torch,
-        "torch_npu": types.SimpleNamespace(npu_format_cast=identity),
-        "ACL_FORMAT_FRACTAL_ND": 2,
-        "UnquantizedLinearMethod": UnquantizedLinearMethod,
-        "maybe_trans_nz": identity,
-    }
-    mla_post = _compiled(
-        bare(function(ascend, MLA, "AscendMLAImpl.process_weights_after_loading")), mla_ns, MLA
-    )
-    impl_cls = type(
-        "AscendMLAImpl",
-        (),
-        {
-            "process_weights_after_loading": mla_post,
-            "fa_quant_layer": False,
-            "__module__": "vllm_ascend.attention.mla_v1",
-        },
+    method_cls, impl_cls, UnquantizedLinearMethod = ascend_layer_classes(
+        ascend, UnquantizedFusedMoEMethod, ns, impl_attrs={"fa_quant_layer": False}
     )
 
     def layer_post(self, act_dtype):
