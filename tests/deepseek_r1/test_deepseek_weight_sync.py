@@ -46,6 +46,20 @@ def patched(patched_verl) -> Path:
     return patched_verl("deepseek_r1")
 
 
+class QuantizeMethodBase:
+    """vLLM's base of quantisation methods, stood in for: the post-load loop runs the methods derived from it."""
+
+
+class FusedMoEMethodBase(QuantizeMethodBase):
+    def process_weights_after_loading(self, layer):
+        pass
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    def _maybe_pad_weight(self, weight):  # vLLM pads on ROCm only
+        return weight
+
+
 def ascend_layer_classes(archive: Path, moe_base: type, moe_ns: dict, impl_attrs: dict | None = None):
     """(AscendUnquantizedFusedMoEMethod, AscendMLAImpl, UnquantizedLinearMethod): the first two with their
     process_weights_after_loading bodies from vllm-ascend's `archive` (wheel or sdist), compiled on CPU stand-ins
@@ -91,15 +105,6 @@ def ascend_layer_classes(archive: Path, moe_base: type, moe_ns: dict, impl_attrs
 def upstream():
     """The wheels' functions, compiled on CPU stand-ins for torch_npu, the NZ cast and the allocator."""
     vllm_ascend_wheel, vllm_whl = ascend_wheel_path(), vllm_wheel_path()
-
-    class FusedMoEMethodBase:
-        def process_weights_after_loading(self, layer):
-            pass
-
-    class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
-        def _maybe_pad_weight(self, weight):  # vLLM pads on ROCm only
-            return weight
-
     ns = {
         "get_ascend_device_type": lambda: "A3",
         "AscendDeviceType": types.SimpleNamespace(_310P="310P"),

@@ -27,6 +27,8 @@ from test_deepseek_weight_sync import (
     FFN,
     E,
     H,
+    QuantizeMethodBase,
+    UnquantizedFusedMoEMethod,
     _compiled,
     _load,
     ascend_layer_classes,
@@ -103,17 +105,6 @@ def upstream_023():
     ascend_config = types.SimpleNamespace(
         enable_fused_mc2=0, weight_nz_mode=0, enable_sleep_mode_extra_cleanup=False
     )
-
-    class QuantizeMethodBase:
-        pass
-
-    class FusedMoEMethodBase(QuantizeMethodBase):
-        def process_weights_after_loading(self, layer):
-            pass
-
-    class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
-        def _maybe_pad_weight(self, weight):  # vLLM pads on ROCm only
-            return weight
 
     ns = {
         "torch_npu": types.SimpleNamespace(npu_format_cast=identity),
