@@ -61,14 +61,15 @@ SYNC_METHODS = (
 )
 
 
-def series_091(pristine: Path, dest: Path, leave_out: int = 0) -> Path:
-    """verl 0.9.1 with the recipe's 0.9.1 series, less its last `leave_out` patches (ds-0208, then ds-0204)."""
+def series_091(pristine: Path, dest: Path, leave_out: tuple[str, ...] = ()) -> Path:
+    """verl 0.9.1 with the recipe's 0.9.1 series, less the patches of OURS named in leave_out."""
     from ascend_rl import overlay
 
     recipe = overlay.load_recipe("deepseek_r1", BASE)
-    assert [str(p.relative_to(REPO)) for p in recipe.series[-2:]] == OURS, recipe.series
+    listed = [str(p.relative_to(REPO)) for p in recipe.series]
+    assert all(patch in listed for patch in OURS), listed
     shutil.copytree(pristine, dest, symlinks=True)
-    series = recipe.series[: len(recipe.series) - leave_out]
+    series = tuple(p for p in recipe.series if str(p.relative_to(REPO)) not in leave_out)
     overlay.apply_series(dataclasses.replace(recipe, series=series), dest)
     return dest
 
@@ -79,7 +80,7 @@ def trees(tmp_path_factory, pristine_base):
     pristine = pristine_base(BASE)
     made = {
         name: series_091(pristine, tmp_path_factory.mktemp(f"ds091-{name}") / "verl", leave_out)
-        for name, leave_out in (("full", 0), ("no-0208", 1), ("no-0204", 2))
+        for name, leave_out in (("full", ()), ("no-0208", tuple(OURS[1:])), ("no-0204", tuple(OURS)))
     }
     assert (made["full"] / "verl/utils/vllm/ascend_weight_sync.py").is_file()
     assert not (made["no-0208"] / "verl/utils/vllm/ascend_weight_sync.py").exists()
