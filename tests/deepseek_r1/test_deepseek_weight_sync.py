@@ -46,38 +46,36 @@ def patched(patched_verl) -> Path:
     return patched_verl("deepseek_r1")
 
 
-@pytest.fixture(scope="module")
-def upstream():
-    """The wheels' functions, compiled on CPU stand-ins for torch_npu, the NZ cast and the allocator."""
-    vllm_ascend_wheel, vllm_whl = ascend_wheel_path(), vllm_wheel_path()
+class QuantizeMethodBase:
+    """vLLM's base of quantisation methods, stood in for: the post-load loop runs the methods derived from it."""
+
+
+class FusedMoEMethodBase(QuantizeMethodBase):
+    def process_weights_after_loading(self, layer):
+        pass
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    def _maybe_pad_weight(self, weight):  # vLLM pads on ROCm only
+        return weight
+
+
+def ascend_layer_classes(archive: Path, moe_base: type, moe_ns: dict, impl_attrs: dict | None = None):
+    """(AscendUnquantizedFusedMoEMethod, AscendMLAImpl, UnquantizedLinearMethod): the first two with their
+    process_weights_after_loading bodies from vllm-ascend's `archive` (wheel or sdist), compiled on CPU stand-ins
+    (torch_npu's format cast and maybe_trans_nz as the identity: NZ off); moe_base is the stand-in for vLLM's
+    UnquantizedFusedMoEMethod, moe_ns what else the release's MoE body names; impl_attrs class attributes of the
+    MLA impl."""
     identity = lambda t, *_: t  # noqa: E731 - torch_npu.npu_format_cast / maybe_trans_nz with NZ off
-
-    class FusedMoEMethodBase:
-        def process_weights_after_loading(self, layer):
-            pass
-
-    class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
-        def _maybe_pad_weight(self, weight):  # vLLM pads on ROCm only
-            return weight
-
-    ns = {
-        "torch": torch,
-        "UnquantizedFusedMoEMethod": UnquantizedFusedMoEMethod,
-        "get_ascend_device_type": lambda: "A3",
-        "AscendDeviceType": types.SimpleNamespace(_310P="310P"),
-        "maybe_trans_nz": identity,
-    }
-    moe_post = _compiled(
-        function(
-            vllm_ascend_wheel, FUSED_MOE, "AscendUnquantizedFusedMoEMethod.process_weights_after_loading"
-        ),
-        ns,
-        FUSED_MOE,
-    )
+    ns = {"torch": torch, "UnquantizedFusedMoEMethod": moe_base, "maybe_trans_nz": identity, **moe_ns}
+    qual = "AscendUnquantizedFusedMoEMethod.process_weights_after_loading"
     method_cls = type(
         "AscendUnquantizedFusedMoEMethod",
-        (UnquantizedFusedMoEMethod,),
-        {"process_weights_after_loading": moe_post, "__module__": "vllm_ascend.ops.fused_moe.fused_moe"},
+        (moe_base,),
+        {
+            "process_weights_after_loading": _compiled(function(archive, FUSED_MOE, qual), ns, FUSED_MOE),
+            "__module__": "vllm_ascend.ops.fused_moe.fused_moe",
+        },
     )
 
     class UnquantizedLinearMethod:
@@ -90,13 +88,29 @@ def upstream():
         "UnquantizedLinearMethod": UnquantizedLinearMethod,
         "maybe_trans_nz": identity,
     }
-    mla_post = _compiled(
-        function(vllm_ascend_wheel, MLA, "AscendMLAImpl.process_weights_after_loading"), mla_ns, MLA
-    )
+    mla_post = _compiled(function(archive, MLA, "AscendMLAImpl.process_weights_after_loading"), mla_ns, MLA)
     impl_cls = type(
         "AscendMLAImpl",
         (),
-        {"process_weights_after_loading": mla_post, "__module__": "vllm_ascend.attention.mla_v1"},
+        {
+            "process_weights_after_loading": mla_post,
+            "__module__": "vllm_ascend.attention.mla_v1",
+            **(impl_attrs or {}),
+        },
+    )
+    return method_cls, impl_cls, UnquantizedLinearMethod
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """The wheels' functions, compiled on CPU stand-ins for torch_npu, the NZ cast and the allocator."""
+    vllm_ascend_wheel, vllm_whl = ascend_wheel_path(), vllm_wheel_path()
+    ns = {
+        "get_ascend_device_type": lambda: "A3",
+        "AscendDeviceType": types.SimpleNamespace(_310P="310P"),
+    }
+    method_cls, impl_cls, UnquantizedLinearMethod = ascend_layer_classes(
+        vllm_ascend_wheel, UnquantizedFusedMoEMethod, ns
     )
     layer_post = _compiled(
         function(vllm_whl, "vllm/attention/layer.py", "MLAAttention.process_weights_after_loading"),

@@ -85,24 +85,20 @@ def _extension(tree, offload_mod, monkeypatch, runner):
     return worker
 
 
-def test_offload_engine_frees_and_onload_engine_restores_by_tag(upstream, tree, offload_mod, monkeypatch):  # noqa: F811
-    model = build_model(upstream)
+def assert_offload_onload_by_tag(worker, model, kv: torch.Tensor, bound) -> dict[str, int]:
+    """The extension's offload_engine frees every weight, derived and KV-cache storage (a second call does nothing);
+    onload_engine brings back the weights bit for bit, then the KV cache zeroed, each only with its own tag, in the
+    same tensors. bound(): the tensor the attention layer holds as its KV cache. Returns what was freed."""
     impl = model.model.layers[0].self_attn.mla_attn.impl
-    runner = _runner(model)
     weights = {**dict(model.named_parameters()), "W_UV": impl.W_UV, "W_UK_T": impl.W_UK_T}
     before = {k: v.clone() for k, v in weights.items()}
-    kv = runner.kv_caches[0]
-    worker = _extension(tree, offload_mod, monkeypatch, runner)
 
     freed = worker.offload_engine()
     print("offload_engine freed", freed)
     assert freed["weights"] == sum(v.untyped_storage().nbytes() for v in before.values())
     assert freed["kv_cache"] == kv.numel() * kv.element_size()
     assert all(v.untyped_storage().nbytes() == 0 for v in weights.values()), "a weight kept its device memory"
-    assert (
-        kv.untyped_storage().nbytes() == 0
-        and runner.vllm_config.compilation_config.static_forward_context["l0"].kv_cache[0] is kv
-    )
+    assert kv.untyped_storage().nbytes() == 0 and bound() is kv
     assert worker.offload_engine() == {"kv_cache": 0, "weights": 0}, "a second release must be a no-op"
 
     assert worker.onload_engine(["weights"])["weights"] == freed["weights"]
@@ -111,7 +107,18 @@ def test_offload_engine_frees_and_onload_engine_restores_by_tag(upstream, tree, 
         assert torch.equal(tensor, before[name]), f"{name} not restored bit for bit"
     assert impl.W_UV is weights["W_UV"], "the derived tensors stay the objects the backend holds"
     assert worker.onload_engine(["kv_cache"]) == {"kv_cache": freed["kv_cache"]}
-    assert kv.shape == (2, 3, 4, 8) and not kv.any(), "the KV cache is re-created, zeroed, in the same tensor"
+    assert not kv.any() and bound() is kv, "the KV cache is re-created, zeroed, in the same tensor"
+    return freed
+
+
+def test_offload_engine_frees_and_onload_engine_restores_by_tag(upstream, tree, offload_mod, monkeypatch):  # noqa: F811
+    model = build_model(upstream)
+    runner = _runner(model)
+    kv = runner.kv_caches[0]
+    worker = _extension(tree, offload_mod, monkeypatch, runner)
+    layer = runner.vllm_config.compilation_config.static_forward_context["l0"]
+    assert_offload_onload_by_tag(worker, model, kv, lambda: layer.kv_cache[0])
+    assert kv.shape == (2, 3, 4, 8)
 
 
 def _call(fn, self, *args, **kwargs):

@@ -49,11 +49,14 @@ def recipe_on_091() -> str:
 
 
 def _series(with_cpu: bool = False, with_patch: bool = True):
-    """The 0.9.1 series without ds-0206 (wherever the recipe lists it), then ds-0206 last when with_patch."""
+    """The 0.9.1 series without ds-0206 (wherever the recipe lists it) and the recipe's patches after it (ds-0204 and
+    ds-0208 rest on its lines), then ds-0206 last when with_patch."""
     recipe = manifest.load_recipe(recipe_on_091(), BASE)
+    names = [p.name for p in recipe.series]
+    later = set(names[names.index(PATCH.name) + 1 :]) if PATCH.name in names else set()
     if with_cpu:
         recipe = manifest.with_overlay(recipe, "cpu")
-    rest = tuple(p for p in recipe.series if p.name != PATCH.name)
+    rest = tuple(p for p in recipe.series if p.name != PATCH.name and p.name not in later)
     return replace(recipe, series=(*rest, *([PATCH] if with_patch else [])))
 
 

@@ -12,6 +12,7 @@ import ast
 import importlib.util
 import itertools
 import re
+import tarfile
 import types
 import zipfile
 from functools import cache
@@ -61,7 +62,34 @@ def vllm_whl() -> Path:
 
 
 @cache
+def _members(archive: Path) -> dict[str, str]:
+    """An sdist's (tar) files by their path inside the package's top folder, read once."""
+    with tarfile.open(archive) as tar:
+        return {
+            m.name.split("/", 1)[1]: tar.extractfile(m).read().decode("utf-8-sig")
+            for m in tar.getmembers()
+            if m.isfile() and m.name.endswith(".py") and "/" in m.name
+        }
+
+
+def python_files(archive: Path) -> list[str]:
+    """The .py paths of a wheel or an sdist, as `function` takes them."""
+    if archive.name.endswith(".tar.gz"):
+        return sorted(_members(archive))
+    with zipfile.ZipFile(archive) as zf:
+        return [n for n in zf.namelist() if n.endswith(".py")]
+
+
+@cache
 def _source(wheel: Path, path: str) -> str:
+    """The text of `path` in a wheel (zip) or a source distribution (tar.gz: vllm-ascend 0.23.0.post1 has no wheel)."""
+    if wheel.name.endswith(".tar.gz"):
+        found = _members(wheel).get(path)
+        if found is None:
+            pytest.fail(
+                f"{wheel.name} has no {path}: re-read where it moved and update the patch that mirrors it"
+            )
+        return found
     with zipfile.ZipFile(wheel) as zf:
         try:
             return zf.read(path).decode("utf-8-sig")

@@ -70,6 +70,14 @@ def test_the_dry_run_composes_0_9_1s_config_and_writes_nothing(tmp_path, pristin
     absent = set(NOT_ON_091) | {key for pid, key in KEY_OF_PORT.items() if pid in recipe.pending}
     assert not [k for k in final if k.lstrip("+") in absent], [k for k in final if k.lstrip("+") in absent]
     assert final["actor_rollout_ref.actor.megatron.param_offload"] == "True"
+    # ds-0204's explicit offload in place of sleep level 1, as on 0.7.1 (0.9.1's validate_config took them above)
+    assert final["actor_rollout_ref.rollout.explicit_offload"] == "True"
+    assert final["actor_rollout_ref.rollout.enforce_eager"] == "True"
+    assert final["actor_rollout_ref.rollout.enable_sleep_mode"] == "False"
+    # ds-0208's sync refuses NZ weights: vllm-ascend 0.23 falls back to this variable when additional_config has no
+    # weight_nz_mode (the launcher's has none)
+    assert plan["env"]["VLLM_ASCEND_ENABLE_NZ"] == "0"
+    assert "weight_nz_mode" not in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]
     # nothing written: the tree, the run folders
     assert tree_bytes(pristine_091) == before
     assert not (tmp_path / "run_log").exists() and not (tmp_path / "ckpt").exists()

@@ -26,11 +26,15 @@ vLLM-Ascend reshapes or derives some tensors once the checkpoint is loaded (proc
 Nothing here imports vllm or vllm_ascend; layers are recognised by the vllm_ascend classes they use. Off vLLM-Ascend
 every step does nothing but the load.
 
-One file for both verl bases (the overlay installs it as verl/utils/vllm/ascend_weight_sync.py); the entry points
+One file for every verl base (the overlay installs it as verl/utils/vllm/ascend_weight_sync.py); the entry points
 differ by base because verl's own sync does:
-- verl 0.7.1 (ds-0108): update_weights_from_ipc loads every bucket, then runs vLLM's process_weights_after_loading
-  once; it calls to_loader_layout(model, ...) before the first bucket and run_post_load(model, ..., post_load)
-  around vLLM's post-load step (unwrap finds the model inside a graph wrapper).
+- verl 0.9.1 (ds-0208, vLLM-Ascend 0.23): update_weights_from_ipc as on 0.7.1, per model (the MTP drafter too); it
+  calls to_loader_layout(model, ..., additional_config=...) before the first bucket only: vLLM-Ascend 0.23's MLA
+  post-load step copies W_UV / W_UK_T into the tensors it made at start-up itself, and its NZ switches are
+  additional_config keys first (weight_nz_mode, enable_fused_mc2), the environment second.
+- verl 0.7.1 (ds-0108, vLLM-Ascend 0.13): update_weights_from_ipc loads every bucket, then runs vLLM's
+  process_weights_after_loading once; it calls to_loader_layout(model, ...) before the first bucket and
+  run_post_load(model, ..., post_load) around vLLM's post-load step (unwrap finds the model inside a graph wrapper).
 - verl 0.6.0 (ds-0008): update_weights only calls model.load_weights; sync_weights does the whole sequence around it
   and re-runs each layer's own post-load step (ascend_attention_layers, restore_runtime_layout,
   rederive_attention).
@@ -95,12 +99,34 @@ def _in_runtime_layout(name: str, param: torch.Tensor, hidden_size: int) -> bool
     return param.shape[1] == hidden_size if name == "w13_weight" else param.shape[2] == hidden_size
 
 
-def _refuse_nz(env: Mapping[str, str]) -> None:
-    if int(env.get("VLLM_ASCEND_ENABLE_NZ", 1)):
-        # NPUWorker.wake_up refuses it too: weights cast to FRACTAL_NZ cannot be loaded into or re-derived as ND
+def _ascend_setting(
+    additional_config: Mapping[str, Any], key: str, env: Mapping[str, str], env_key: str, default
+):
+    # vLLM-Ascend 0.23's AscendConfig._get_config_value: the additional_config key first, then the environment
+    return additional_config[key] if key in additional_config else int(env.get(env_key, default))
+
+
+def _refuse_nz(env: Mapping[str, str], additional_config: Mapping[str, Any] | None = None) -> None:
+    """Refuse FRACTAL_NZ weights. additional_config None: vLLM-Ascend 0.13, which reads the environment only."""
+    if additional_config is None:
+        if int(env.get("VLLM_ASCEND_ENABLE_NZ", 1)):
+            # NPUWorker.wake_up refuses it too: weights cast to FRACTAL_NZ cannot be loaded into or re-derived as ND
+            raise ValueError(
+                "weight sync into vLLM-Ascend needs VLLM_ASCEND_ENABLE_NZ=0 (FRACTAL_NZ weights are not "
+                "reloadable); export VLLM_ASCEND_ENABLE_NZ=0 on every node"
+            )
+        return
+    if _ascend_setting(additional_config, "weight_nz_mode", env, "VLLM_ASCEND_ENABLE_NZ", 1):
+        # NPUWorker.wake_up refuses it too (vLLM-Ascend 0.23 reads weight_nz_mode, default 1)
         raise ValueError(
-            "weight sync into vLLM-Ascend needs VLLM_ASCEND_ENABLE_NZ=0 (FRACTAL_NZ weights are not reloadable); "
-            "export VLLM_ASCEND_ENABLE_NZ=0 on every node"
+            "weight sync into vLLM-Ascend needs weight_nz_mode=0 (FRACTAL_NZ weights are not reloadable): set "
+            "additional_config weight_nz_mode: 0 (or export VLLM_ASCEND_ENABLE_NZ=0 on every node)"
+        )
+    if _ascend_setting(additional_config, "enable_fused_mc2", env, "VLLM_ASCEND_ENABLE_FUSED_MC2", 0):
+        # AscendUnquantizedFusedMoEMethod.process_weights_after_loading casts the MoE weights to NZ under it
+        raise ValueError(
+            "weight sync into vLLM-Ascend needs enable_fused_mc2=0: the fused MC2 path casts the MoE weights to "
+            "FRACTAL_NZ after loading, which a reload cannot write into"
         )
 
 
@@ -148,15 +174,21 @@ def _tensor_attrs(impl: Any) -> dict[str, torch.Tensor]:
     return {k: v for k, v in vars(impl).items() if isinstance(v, torch.Tensor)}
 
 
-# --- verl 0.7.1: around update_weights_from_ipc's buckets and vLLM's post-load step -------------------------------
+# --- verl 0.7.1 / 0.9.1: around update_weights_from_ipc's buckets and vLLM's post-load step -----------------------
 
 
-def to_loader_layout(model: torch.nn.Module, hidden_size: int, env: Mapping[str, str] | None = None) -> int:
+def to_loader_layout(
+    model: torch.nn.Module,
+    hidden_size: int,
+    env: Mapping[str, str] | None = None,
+    additional_config: Mapping[str, Any] | None = None,
+) -> int:
     """Replace each MoE weight still in vLLM-Ascend's run-time layout by its transposed view, as NPUWorker.wake_up
-    does (no copy); returns how many. After wake_up there is nothing left to do."""
+    does (no copy); returns how many. After wake_up there is nothing left to do. additional_config: the engine's
+    (vLLM-Ascend 0.23 reads its NZ switches there first); None on vLLM-Ascend 0.13."""
     layers = ascend_moe_layers(model)
     if layers:
-        _refuse_nz(os.environ if env is None else env)
+        _refuse_nz(os.environ if env is None else env, additional_config)
     return _layers_to_loader_layout(layers, hidden_size)
 
 

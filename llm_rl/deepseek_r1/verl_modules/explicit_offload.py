@@ -18,11 +18,12 @@ tied weight, attention layer's kv_cache reference and attention backend's derive
 bound to the same storage object. The device addresses change, which is why this path needs an eager engine (no
 captured graphs).
 
-One file for both verl bases (the overlay installs it as verl/utils/explicit_offload.py); where the engine lives
+One file for every verl base (the overlay installs it as verl/utils/explicit_offload.py); where the engine lives
 differs by base:
-- verl 0.7.1 (ds-0104, the server rollout): EngineOffload runs inside each vLLM worker process (the worker
-  extension calls it), offloads the attention backends' derived tensors with the weights (weight_tensors) and hands
-  the freed blocks back to the device (release_cached_memory).
+- verl 0.7.1 and 0.9.1 (ds-0104, ds-0204, the server rollout): EngineOffload runs inside each vLLM worker process
+  (the worker extension calls it), offloads the attention backends' derived tensors with the weights
+  (weight_tensors) and hands the freed blocks back to the device (release_cached_memory). On 0.9.1 the server
+  reaches the workers of every DP engine through vLLM's collective_rpc, with the schedulers paused around it.
 - verl 0.6.0 (ds-0004, the SPMD engine inside the trainer's process): ExplicitEngineOffload wraps that in-process
   worker (engine_worker) and moves the parameters and buffers only (model_tensors), leaving the allocator's cache to
   the caller; the Megatron worker also checks and frees the actor's buffers (actor_params_resident,
