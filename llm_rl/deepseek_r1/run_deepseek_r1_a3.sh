@@ -80,8 +80,9 @@ case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" &
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
-    # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
-    MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
+    # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only. The base's own
+    # Megatron stack where it has one (artifacts.MEGATRON_STACKS: 0.9.1's megatron-core 0.16.1 + Megatron-Bridge 0.3.1)
+    MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; base = sys.argv[1] if sys.argv[1] in artifacts.MEGATRON_STACKS else None; print(artifacts.megatron_packages(Path(sys.executable), base))' "$VERL_BASE") \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
     RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_TREE}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # A launch of this launcher's own records its /dev/shm names (below): the Ray workers, whose PYTHONPATH this
