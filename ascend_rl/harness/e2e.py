@@ -76,10 +76,12 @@ from ascend_rl.harness.launch import (
     tracked_step,
 )
 from ascend_rl.paths import REPO
+from ascend_rl.tiny.deepseek_v3 import DEEPSEEK_EOS
 
 RUNS = ("sync", "async", "resume", "v071", "v071-resume", "qwen-2r", "deepseek", "deepseek-v071")
 DEEPSEEK = "deepseek"
-DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, one per verl base
+# the DeepSeek launcher's runs, one per verl base (deepseek-v091: the Megatron engine, in the 0.9.1 environment)
+DEEPSEEK_RUNS = ("deepseek", "deepseek-v071", "deepseek-v091")
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
@@ -88,9 +90,9 @@ V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 # The Qwen runs that skip the old-log-prob pass (actor.recompute_old_log_prob=False: shared-0016/0017), as every
 # DeepSeek run does: their gaps come from the update's own forward (cpu-0015) and each step has one actor forward.
 SKIP_RUNS = V091_RUNS
-RUNS += V091_RUNS
+RUNS += V091_RUNS + ("deepseek-v091",)
 RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
-RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
+RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1", "deepseek-v091": "0.9.1"})
 # The DeepSeek runs across simulated nodes (root, `ip netns`), and their node counts; opt-in (--runs).
 MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2}
 RUNS += tuple(MULTINODE_RUNS)
@@ -194,23 +196,39 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     return cached_inputs(out, want, build, "e2e")
 
 
-def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
-    """The bundled problems and a tiny random DeepSeek-V3 in <out>/deepseek_inputs (the CPU profile's defaults)."""
+def deepseek_inputs_dir(out: Path, base: str | None = None) -> Path:
+    """Where the DeepSeek runs on `base` find their inputs: <out>/deepseek_inputs (the CPU profile's defaults), and
+    <out>/deepseek_inputs_091 for verl 0.9.1 (its tokenizer adds DeepSeek's end-of-sentence token: DS_SPECIAL_TOKENS)."""
+    return out / ("deepseek_inputs_091" if base in DS_SPECIAL_TOKENS else "deepseek_inputs")
+
+
+# What a base's tiny DeepSeek-V3 adds to its tokenizer's special tokens: verl 0.9.1's agent loop requires DeepSeek's
+# end-of-sentence token of a deepseek_v3 model (tiny/deepseek_v3.py, DEEPSEEK_EOS); the other bases keep the
+# checkpoint they always ran (its bytes unchanged).
+DS_SPECIAL_TOKENS = {"0.9.1": (DEEPSEEK_EOS,)}
+
+
+def prepare_deepseek_inputs(out: Path, seed: int = 1, base: str | None = None) -> tuple[Path, Path]:
+    """The bundled problems and a tiny random DeepSeek-V3 for the runs on `base` (deepseek_inputs_dir)."""
     import dataclasses
 
     from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
     from ascend_rl.tiny import problems
 
+    tokens = DS_SPECIAL_TOKENS.get(base, ())
+
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None)
-        tiny_deepseek.make_checkpoint(model_dir, seed=seed)
+        tiny_deepseek.make_checkpoint(model_dir, seed=seed, special_tokens=tokens)
 
     want = {
         "model": "tiny DeepSeek-V3",
         "shape": dataclasses.asdict(tiny_deepseek.DeepSeekShape()),
         "seed": seed,
     }
-    return cached_inputs(out / "deepseek_inputs", want, build, "e2e", what="tiny DeepSeek-V3")
+    if tokens:
+        want["special_tokens"] = list(tokens)
+    return cached_inputs(deepseek_inputs_dir(out, base), want, build, "e2e", what="tiny DeepSeek-V3")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -369,7 +387,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         }
         runs[r.name]["reward_path"] = reward_path(args.out / r.name / "launcher.log")
         if r.name in DEEPSEEK_RUNS:
-            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
+            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name, RUN_BASE[r.name]))
         elif r.name in SKIP_RUNS:
             runs[r.name].update(skip_figures(r.rows, "probs"))
         if r.name in MULTINODE_RUNS:
@@ -396,12 +414,12 @@ def skip_figures(rows: list[dict], gap: str) -> dict:
     return figures
 
 
-def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
+def deepseek_figures(rows: list[dict], run_dir: Path, base: str) -> dict:
     """The deepseek run's own fields: its gaps (cpu-0006) on log-probabilities, forward passes per step, the
     reshard's bytes (ds-0006)."""
     figures = skip_figures(rows, "log_probs")
     figures["reshard"] = read_reshard(run_dir / "reshard.jsonl")
-    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir)
+    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir, base)
     return figures
 
 
@@ -411,27 +429,29 @@ def read_reshard(path: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["sync"], r["rank"]))
 
 
-# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in (init_model: bf16).
-DS_TRAIN_EP, DS_PARAM_BYTES = 2, 2
+# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in: bf16 on 0.6.0 / 0.7.1
+# (init_model), fp32 on 0.9.1 (the engine's dtype, recipe.toml's 0.9.1 cpu_overrides: megatron.dtype=float32).
+DS_TRAIN_EP, DS_PARAM_BYTES = 2, {"0.6.0": 2, "0.7.1": 2, "0.9.1": 4}
 
 
-def expected_reshard_recv(run_dir: Path) -> int | None:
+def expected_reshard_recv(run_dir: Path, base: str) -> int | None:
     """Bytes of routed experts one rank receives per sync, from the model's config.json alone: the rollout
     (EP 1) keeps every expert, training EP=2 leaves the others' experts on the other rank; per MoE layer and
     expert, linear_fc1 (gate and up: 2 x moe_intermediate x hidden) and linear_fc2 (hidden x moe_intermediate)."""
-    config_path = run_dir.parent / "deepseek_inputs" / "model" / "config.json"
+    config_path = deepseek_inputs_dir(run_dir.parent, base) / "model" / "config.json"
     if not config_path.is_file():
         return None
     c = json.loads(config_path.read_text(encoding="utf-8"))
     experts, inter, hidden = c["n_routed_experts"], c["moe_intermediate_size"], c["hidden_size"]
     moe_layers = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
     foreign = experts - experts // DS_TRAIN_EP
-    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES
+    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES[base]
 
 
 def syncs_per_run(name: str, steps: int) -> int:
-    """Weight syncs a run of `steps` steps makes: one per step on verl 0.6.0, one more on 0.7.1."""
-    return steps + 1 if RUN_BASE[name] == "0.7.1" else steps
+    """Weight syncs a run of `steps` steps makes: one per step on verl 0.6.0, one more on 0.7.1 and 0.9.1 (once
+    before step 1 and after each update: 0.9.1's ray_trainer.py:1444 and :1742)."""
+    return steps if RUN_BASE[name] == "0.6.0" else steps + 1
 
 
 def check_one_forward(name: str, run: dict) -> dict:
@@ -673,11 +693,12 @@ def run_all(args: argparse.Namespace) -> int:
         inputs = {}
         if any(name not in DEEPSEEK_RUNS for name in args.runs):
             inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)
-        if any(name in DEEPSEEK_RUNS for name in args.runs):
-            inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
+        for base in sorted({RUN_BASE[name] for name in args.runs if name in DEEPSEEK_RUNS}):
+            inputs[(DEEPSEEK, base)] = prepare_deepseek_inputs(args.out, base=base)
         setup_s = time.perf_counter() - start
         results = [
-            run(name, args, *inputs[DEEPSEEK if name in DEEPSEEK_RUNS else "qwen"]) for name in args.runs
+            run(name, args, *inputs[(DEEPSEEK, RUN_BASE[name]) if name in DEEPSEEK_RUNS else "qwen"])
+            for name in args.runs
         ]
     except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
