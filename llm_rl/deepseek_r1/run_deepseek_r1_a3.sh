@@ -247,8 +247,10 @@ if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
   RANK_RESOURCE=NPU
   [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
   # ... and that every node's Ray runs this launcher's Python environment (interpreter, verl, vLLM, torch): a node
-  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl
-  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
+  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl. The driver's
+  # side is read on the trainer's PYTHONPATH, as main_ppo runs: the CPU tree's vLLM distribution record (cpu-0014)
+  # is on it, as on the nodes' (ray_start.sh puts the tree first)
+  PYTHONPATH="$TRAINER_PYTHONPATH" "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
     --resource "$RANK_RESOURCE=$NPUS_PER_NODE" --same-env "$VERL_DIR"
 fi
 # Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse
