@@ -86,4 +86,7 @@ case " $* " in *" --dry-run "*) ;; *)
     PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$PYTHONPATH"
   fi ;;
 esac
-PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"
+# verl's CPU platform (the base's cpu_env VERL_PLATFORM=cpu, verl 0.9.1: cpu-0014) asks Ray's GPU resource per rank
+GPUS=()
+[ "$PROFILE" != cpu ] || [ "${VERL_PLATFORM:-}" != cpu ] || GPUS=(--gpus)
+PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "${GPUS[@]}" "$@"

@@ -244,6 +244,10 @@ fi
 # nodes: ray_start.sh --cpu offers it), else a bundle would wait forever. One CPU machine (NNODES=1): main_ppo
 # starts its own Ray.
 if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
+  # the auth mode ray_start.sh gave the cluster (unset: disabled): main_ppo's driver, which finds the cluster by
+  # itself, would otherwise take token mode from a ~/.ray/auth_token on this machine (Ray 2.60) and its TaskRunner
+  # never start
+  export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
   RANK_RESOURCE=NPU
   [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
   # ... and that every node's Ray runs this launcher's Python environment (interpreter, verl, vLLM, torch): a node
