@@ -22,7 +22,10 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
             rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
     deepseek-v071  the same launcher on verl 0.7.1 (--base 0.7.1): its server-mode rollout, one vLLM server
             per process, the weights in shared-memory buckets; the same checks
-    deepseek-2n, deepseek-v071-2n  the same two runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
+    deepseek-v091  the same launcher on verl 0.9.1 (--base 0.9.1, in .venv-e2e-091): the legacy trainer with the engine
+            workers, 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on the 2 processes, the
+            AlltoAllV reshard in the bridge's export (ds-0206), one vLLM 0.23 server per process; the same checks
+    deepseek-2n, deepseek-v071-2n, deepseek-v091-2n  the same runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
             root): ray_start.sh --cpu on each node, the launcher with NNODES=2 on the head, one Megatron rank and
             one vLLM engine per node (EP=2 across the nodes); the same checks, and where each rank ran (its node,
             socket interface, torch.distributed master, vLLM DP settings: <out>/<run>/ranks.jsonl). Not in the
@@ -94,10 +97,10 @@ RUNS += V091_RUNS + ("deepseek-v091",)
 RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
 RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1", "deepseek-v091": "0.9.1"})
 # The DeepSeek runs across simulated nodes (root, `ip netns`), and their node counts; opt-in (--runs).
-MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2}
+MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2, "deepseek-v091-2n": 2}
 RUNS += tuple(MULTINODE_RUNS)
 DEEPSEEK_RUNS += tuple(MULTINODE_RUNS)
-RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1"})
+RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1", "deepseek-v091-2n": "0.9.1"})
 # The runs through the four-card Qwen launcher, and the ranks (NPUS) each runs on.
 RUN_RANKS = {"qwen-2r": 2, "qwen-2r-v091": 2}
 RUN_BASE["qwen-2r"] = "0.7.1"
@@ -121,7 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--runs",
         default=",".join(r for r in RUNS if r not in MULTINODE_RUNS),
         help=f"comma-separated runs, in order, of {','.join(RUNS)} (default: all but "
-        f"{','.join(MULTINODE_RUNS)}, which need root; {','.join(V091_RUNS)} need the verl 0.9.1 environment, "
+        f"{','.join(MULTINODE_RUNS)}, which need root; {','.join(r for r in RUNS if RUN_BASE[r] == '0.9.1')} need the "
+        "verl 0.9.1 environment, "
         "scripts/setup_e2e.sh --base 0.9.1; resume needs sync first)",
     )
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
@@ -465,6 +469,11 @@ def check_one_forward(name: str, run: dict) -> dict:
     }
 
 
+# Why the reference starts from the actor's weights: ds-0009 on 0.6.0 / 0.7.1 (random weights, load_weight=False); on
+# 0.9.1 every engine loads the same checkpoint (its config has no load_weight).
+REFERENCE_FROM = {"0.6.0": "ds-0009", "0.7.1": "ds-0009", "0.9.1": "both load the same checkpoint"}
+
+
 def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
     """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
     results = [check_one_forward(name, run)]
@@ -474,7 +483,7 @@ def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
             "run": name,
             "check": "reference",
             "ok": first is not None and first <= 1e-6,
-            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: ds-0009)",
+            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: {REFERENCE_FROM[RUN_BASE[name]]})",
         }
     )
     reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
