@@ -215,13 +215,18 @@ def start_command(
     ray: str = "ray",
     cpu: bool = False,
     object_store_memory: int | None = None,
+    gpus: bool = False,
 ) -> list[str]:
     """The `ray start` argv for a head or a worker node with `npus` NPU resources. A CPU node (`cpu`) also
     offers `npus` of the lowercase `cpu` resource (verl's placement bundles ask for one per rank with
     trainer.device=cpu; offering as many as the node's ranks is what spreads the ranks over the nodes), a
-    CPU_OBJECT_STORE_BYTES object store unless `object_store_memory` says otherwise, and no dashboard."""
+    CPU_OBJECT_STORE_BYTES object store unless `object_store_memory` says otherwise, and no dashboard. `gpus`: also
+    `npus` of Ray's GPU resource, which verl 0.9.1's bundles ask per rank on the CPU platform (cpu-0014's
+    platform_cpu.py: ray_resource_name GPU)."""
     resources = {"NPU": npus, "cpu": npus} if cpu else {"NPU": npus}
     argv = [ray, "start", f"--node-ip-address={node_ip}", f"--resources={json.dumps(resources)}"]
+    if gpus:
+        argv.append(f"--num-gpus={npus}")
     if cpu and object_store_memory is None:
         object_store_memory = CPU_OBJECT_STORE_BYTES
     if object_store_memory is not None:

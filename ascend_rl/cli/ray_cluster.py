@@ -116,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"for (one per rank), a {CPU_OBJECT_STORE_BYTES // 1024**2} MiB object store, no dashboard",
     )
     start.add_argument(
+        "--gpus",
+        action="store_true",
+        help="also offer --npus of Ray's GPU resource (a CPU node on verl 0.9.1: its CPU platform's bundles ask GPU)",
+    )
+    start.add_argument(
         "--object-store-memory",
         type=_bytes,
         metavar="SIZE",
@@ -236,6 +241,7 @@ def _start(args: argparse.Namespace) -> int:
         ray=ray_executable(),
         cpu=args.cpu,
         object_store_memory=args.object_store_memory,
+        gpus=args.gpus,
     )
     # flushed: `ray start` writes to the same stdout, often a pipe (tee, a cluster's exec)
     print(" ".join(f"{var}={ifname}" for var in IFNAME_VARS), flush=True)

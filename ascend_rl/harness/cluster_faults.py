@@ -682,7 +682,7 @@ def run_training_kinds(kinds: list[str], out: Path, root: Path, base: str, timeo
     rows: list[dict] = []
     name = f"cf{os.getpid()}-train"
     with out_lock(out, "cluster_faults"):
-        inputs = e2e.prepare_deepseek_inputs(out)
+        inputs = e2e.prepare_deepseek_inputs(out, base=base)
         rec = None
         try:
             with lib.Cluster(name, 2, root=root / name) as cl:

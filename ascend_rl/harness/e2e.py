@@ -22,7 +22,10 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
             rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
     deepseek-v071  the same launcher on verl 0.7.1 (--base 0.7.1): its server-mode rollout, one vLLM server
             per process, the weights in shared-memory buckets; the same checks
-    deepseek-2n, deepseek-v071-2n  the same two runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
+    deepseek-v091  the same launcher on verl 0.9.1 (--base 0.9.1, in .venv-e2e-091): the legacy trainer with the engine
+            workers, 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on the 2 processes, the
+            AlltoAllV reshard in the bridge's export (ds-0206), one vLLM 0.23 server per process; the same checks
+    deepseek-2n, deepseek-v071-2n, deepseek-v091-2n  the same runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
             root): ray_start.sh --cpu on each node, the launcher with NNODES=2 on the head, one Megatron rank and
             one vLLM engine per node (EP=2 across the nodes); the same checks, and where each rank ran (its node,
             socket interface, torch.distributed master, vLLM DP settings: <out>/<run>/ranks.jsonl). Not in the
@@ -76,10 +79,12 @@ from ascend_rl.harness.launch import (
     tracked_step,
 )
 from ascend_rl.paths import REPO
+from ascend_rl.tiny.deepseek_v3 import DEEPSEEK_EOS
 
 RUNS = ("sync", "async", "resume", "v071", "v071-resume", "qwen-2r", "deepseek", "deepseek-v071")
 DEEPSEEK = "deepseek"
-DEEPSEEK_RUNS = ("deepseek", "deepseek-v071")  # the DeepSeek launcher's runs, one per verl base
+# the DeepSeek launcher's runs, one per verl base (deepseek-v091: the Megatron engine, in the 0.9.1 environment)
+DEEPSEEK_RUNS = ("deepseek", "deepseek-v071", "deepseek-v091")
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
@@ -88,14 +93,14 @@ V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 # The Qwen runs that skip the old-log-prob pass (actor.recompute_old_log_prob=False: shared-0016/0017), as every
 # DeepSeek run does: their gaps come from the update's own forward (cpu-0015) and each step has one actor forward.
 SKIP_RUNS = V091_RUNS
-RUNS += V091_RUNS
+RUNS += V091_RUNS + ("deepseek-v091",)
 RUN_BASE.update(dict.fromkeys(V091_RUNS, "0.9.1"))
-RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1"})
+RUN_BASE.update({"deepseek": "0.6.0", "deepseek-v071": "0.7.1", "deepseek-v091": "0.9.1"})
 # The DeepSeek runs across simulated nodes (root, `ip netns`), and their node counts; opt-in (--runs).
-MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2}
+MULTINODE_RUNS = {"deepseek-2n": 2, "deepseek-v071-2n": 2, "deepseek-v091-2n": 2}
 RUNS += tuple(MULTINODE_RUNS)
 DEEPSEEK_RUNS += tuple(MULTINODE_RUNS)
-RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1"})
+RUN_BASE.update({"deepseek-2n": "0.6.0", "deepseek-v071-2n": "0.7.1", "deepseek-v091-2n": "0.9.1"})
 # The runs through the four-card Qwen launcher, and the ranks (NPUS) each runs on.
 RUN_RANKS = {"qwen-2r": 2, "qwen-2r-v091": 2}
 RUN_BASE["qwen-2r"] = "0.7.1"
@@ -119,7 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--runs",
         default=",".join(r for r in RUNS if r not in MULTINODE_RUNS),
         help=f"comma-separated runs, in order, of {','.join(RUNS)} (default: all but "
-        f"{','.join(MULTINODE_RUNS)}, which need root; {','.join(V091_RUNS)} need the verl 0.9.1 environment, "
+        f"{','.join(MULTINODE_RUNS)}, which need root; {','.join(r for r in RUNS if RUN_BASE[r] == '0.9.1')} need the "
+        "verl 0.9.1 environment, "
         "scripts/setup_e2e.sh --base 0.9.1; resume needs sync first)",
     )
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default: %(default)s)")
@@ -194,23 +200,39 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     return cached_inputs(out, want, build, "e2e")
 
 
-def prepare_deepseek_inputs(out: Path, seed: int = 1) -> tuple[Path, Path]:
-    """The bundled problems and a tiny random DeepSeek-V3 in <out>/deepseek_inputs (the CPU profile's defaults)."""
+def deepseek_inputs_dir(out: Path, base: str | None = None) -> Path:
+    """Where the DeepSeek runs on `base` find their inputs: <out>/deepseek_inputs (the CPU profile's defaults), and
+    <out>/deepseek_inputs_091 for verl 0.9.1 (its tokenizer adds DeepSeek's end-of-sentence token: DS_SPECIAL_TOKENS)."""
+    return out / ("deepseek_inputs_091" if base in DS_SPECIAL_TOKENS else "deepseek_inputs")
+
+
+# What a base's tiny DeepSeek-V3 adds to its tokenizer's special tokens: verl 0.9.1's agent loop requires DeepSeek's
+# end-of-sentence token of a deepseek_v3 model (tiny/deepseek_v3.py, DEEPSEEK_EOS); the other bases keep the
+# checkpoint they always ran (its bytes unchanged).
+DS_SPECIAL_TOKENS = {"0.9.1": (DEEPSEEK_EOS,)}
+
+
+def prepare_deepseek_inputs(out: Path, seed: int = 1, base: str | None = None) -> tuple[Path, Path]:
+    """The bundled problems and a tiny random DeepSeek-V3 for the runs on `base` (deepseek_inputs_dir)."""
     import dataclasses
 
     from ascend_rl.tiny import deepseek_v3 as tiny_deepseek
     from ascend_rl.tiny import problems
 
+    tokens = DS_SPECIAL_TOKENS.get(base, ())
+
     def build(model_dir: Path, data_dir: Path) -> None:
         problems.prepare(data_dir, log=lambda msg: None)
-        tiny_deepseek.make_checkpoint(model_dir, seed=seed)
+        tiny_deepseek.make_checkpoint(model_dir, seed=seed, special_tokens=tokens)
 
     want = {
         "model": "tiny DeepSeek-V3",
         "shape": dataclasses.asdict(tiny_deepseek.DeepSeekShape()),
         "seed": seed,
     }
-    return cached_inputs(out / "deepseek_inputs", want, build, "e2e", what="tiny DeepSeek-V3")
+    if tokens:
+        want["special_tokens"] = list(tokens)
+    return cached_inputs(deepseek_inputs_dir(out, base), want, build, "e2e", what="tiny DeepSeek-V3")
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -369,7 +391,7 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         }
         runs[r.name]["reward_path"] = reward_path(args.out / r.name / "launcher.log")
         if r.name in DEEPSEEK_RUNS:
-            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name))
+            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name, RUN_BASE[r.name]))
         elif r.name in SKIP_RUNS:
             runs[r.name].update(skip_figures(r.rows, "probs"))
         if r.name in MULTINODE_RUNS:
@@ -396,12 +418,12 @@ def skip_figures(rows: list[dict], gap: str) -> dict:
     return figures
 
 
-def deepseek_figures(rows: list[dict], run_dir: Path) -> dict:
+def deepseek_figures(rows: list[dict], run_dir: Path, base: str) -> dict:
     """The deepseek run's own fields: its gaps (cpu-0006) on log-probabilities, forward passes per step, the
     reshard's bytes (ds-0006)."""
     figures = skip_figures(rows, "log_probs")
     figures["reshard"] = read_reshard(run_dir / "reshard.jsonl")
-    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir)
+    figures["reshard_expected_recv_bytes"] = expected_reshard_recv(run_dir, base)
     return figures
 
 
@@ -411,27 +433,29 @@ def read_reshard(path: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["sync"], r["rank"]))
 
 
-# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in (init_model: bf16).
-DS_TRAIN_EP, DS_PARAM_BYTES = 2, 2
+# The deepseek CPU profile's layout and what verl's Megatron worker holds the weights in: bf16 on 0.6.0 / 0.7.1
+# (init_model), fp32 on 0.9.1 (the engine's dtype, recipe.toml's 0.9.1 cpu_overrides: megatron.dtype=float32).
+DS_TRAIN_EP, DS_PARAM_BYTES = 2, {"0.6.0": 2, "0.7.1": 2, "0.9.1": 4}
 
 
-def expected_reshard_recv(run_dir: Path) -> int | None:
+def expected_reshard_recv(run_dir: Path, base: str) -> int | None:
     """Bytes of routed experts one rank receives per sync, from the model's config.json alone: the rollout
     (EP 1) keeps every expert, training EP=2 leaves the others' experts on the other rank; per MoE layer and
     expert, linear_fc1 (gate and up: 2 x moe_intermediate x hidden) and linear_fc2 (hidden x moe_intermediate)."""
-    config_path = run_dir.parent / "deepseek_inputs" / "model" / "config.json"
+    config_path = deepseek_inputs_dir(run_dir.parent, base) / "model" / "config.json"
     if not config_path.is_file():
         return None
     c = json.loads(config_path.read_text(encoding="utf-8"))
     experts, inter, hidden = c["n_routed_experts"], c["moe_intermediate_size"], c["hidden_size"]
     moe_layers = c["num_hidden_layers"] - c.get("first_k_dense_replace", 0)
     foreign = experts - experts // DS_TRAIN_EP
-    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES
+    return moe_layers * foreign * (2 * inter * hidden + hidden * inter) * DS_PARAM_BYTES[base]
 
 
 def syncs_per_run(name: str, steps: int) -> int:
-    """Weight syncs a run of `steps` steps makes: one per step on verl 0.6.0, one more on 0.7.1."""
-    return steps + 1 if RUN_BASE[name] == "0.7.1" else steps
+    """Weight syncs a run of `steps` steps makes: one per step on verl 0.6.0, one more on 0.7.1 and 0.9.1 (once
+    before step 1 and after each update: 0.9.1's ray_trainer.py:1444 and :1742)."""
+    return steps if RUN_BASE[name] == "0.6.0" else steps + 1
 
 
 def check_one_forward(name: str, run: dict) -> dict:
@@ -445,6 +469,11 @@ def check_one_forward(name: str, run: dict) -> dict:
     }
 
 
+# Why the reference starts from the actor's weights: ds-0009 on 0.6.0 / 0.7.1 (random weights, load_weight=False); on
+# 0.9.1 every engine loads the same checkpoint (its config has no load_weight).
+REFERENCE_FROM = {"0.6.0": "ds-0009", "0.7.1": "ds-0009", "0.9.1": "both load the same checkpoint"}
+
+
 def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
     """The skip (one actor forward per step, no old-log-prob pass) and the reshard's bytes per rank and sync."""
     results = [check_one_forward(name, run)]
@@ -454,7 +483,7 @@ def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
             "run": name,
             "check": "reference",
             "ok": first is not None and first <= 1e-6,
-            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: ds-0009)",
+            "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: {REFERENCE_FROM[RUN_BASE[name]]})",
         }
     )
     reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
@@ -673,11 +702,12 @@ def run_all(args: argparse.Namespace) -> int:
         inputs = {}
         if any(name not in DEEPSEEK_RUNS for name in args.runs):
             inputs["qwen"] = prepare_inputs(args.out, args.warm_start_steps)
-        if any(name in DEEPSEEK_RUNS for name in args.runs):
-            inputs[DEEPSEEK] = prepare_deepseek_inputs(args.out)
+        for base in sorted({RUN_BASE[name] for name in args.runs if name in DEEPSEEK_RUNS}):
+            inputs[(DEEPSEEK, base)] = prepare_deepseek_inputs(args.out, base=base)
         setup_s = time.perf_counter() - start
         results = [
-            run(name, args, *inputs[DEEPSEEK if name in DEEPSEEK_RUNS else "qwen"]) for name in args.runs
+            run(name, args, *inputs[(DEEPSEEK, RUN_BASE[name]) if name in DEEPSEEK_RUNS else "qwen"])
+            for name in args.runs
         ]
     except HarnessError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)

@@ -3,7 +3,8 @@
 Each kill runs a recipe launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
 trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention): the Qwen2.5 launcher (FSDP2, one
 trainer rank) on each verl base (on 0.9.1 the kills in the save and in the engine only), and the DeepSeek launcher
-(the Megatron actor on 2 gloo ranks, EP=2, a tiny DeepSeek-V3; verl 0.6.0 and 0.7.1). The harness's sitecustomize hook pauses the
+(the Megatron actor on 2 gloo ranks, EP=2, a tiny DeepSeek-V3; verl 0.6.0 and 0.7.1; on 0.9.1, its Megatron engine,
+the kill of the whole group in the save). The harness's sitecustomize hook pauses the
 first torch.save under global_step_2 (FSDP: a trainer rank writing its actor shard; Megatron: rank 0 writing
 the dist checkpoint's common.pt while rank 1 waits in the save's collective) and this script then kills,
 for real, from outside:
@@ -84,10 +85,15 @@ ENGINE_TITLES = {
 BASES = ("0.6.0", "0.7.1", "0.9.1")
 RECIPES = ("qwen2_5", "deepseek_r1")
 # the bases and kills each recipe's CPU run supports: the disk-full size is the Qwen checkpoint's; on verl 0.9.1
-# (the Qwen recipe only, in its own environment: launch.py's BASE_ENVS) the kills in the save and in the engine
+# (in its own environment: launch.py's BASE_ENVS) the kills in the save and in the engine for Qwen, the kill in the
+# save for DeepSeek (its Megatron engine's dist checkpoint)
 SUPPORTED = {
     "qwen2_5": {"bases": BASES, "kills": KINDS, "kills_on": {"0.9.1": ("group@save", "engine@step2")}},
-    "deepseek_r1": {"bases": BASES[:2], "kills": tuple(k for k in KINDS if k != "diskfull@save")},
+    "deepseek_r1": {
+        "bases": BASES,
+        "kills": tuple(k for k in KINDS if k != "diskfull@save"),
+        "kills_on": {"0.9.1": ("group@save",)},
+    },
 }
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
@@ -154,7 +160,7 @@ def plan(
 
 def overrides(recipe: str, base: str) -> list[str]:
     """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 and v091 runs on 0.7.1 and 0.9.1; DeepSeek: its
-    deepseek or deepseek-v071 run, without the reshard report), saving every step, keeping one."""
+    deepseek, deepseek-v071 or deepseek-v091 run, without the reshard report), saving every step, keeping one."""
     ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=REPO / "e2e_out")
     mine = {
         "trainer.save_freq": "1",
@@ -500,11 +506,11 @@ def main(argv: list[str] | None = None) -> int:
             inputs = {}
             if any(recipe == "qwen2_5" for recipe, _, _ in args.plan):
                 inputs["qwen2_5"] = e2e.prepare_inputs(args.out, warm_start_steps=300)
-            if any(recipe == "deepseek_r1" for recipe, _, _ in args.plan):
-                inputs["deepseek_r1"] = e2e.prepare_deepseek_inputs(args.out)
+            for base in sorted({base for recipe, base, _ in args.plan if recipe == "deepseek_r1"}):
+                inputs[("deepseek_r1", base)] = e2e.prepare_deepseek_inputs(args.out, base=base)
             rows, baselines = [], {}
             for recipe, base, kind in args.plan:
-                model_dir, data_dir = inputs[recipe]
+                model_dir, data_dir = inputs[(recipe, base) if recipe == "deepseek_r1" else recipe]
                 if args.baseline and (recipe, base) not in baselines:
                     name = run_name(recipe, "baseline", base)
                     baselines[recipe, base] = recipe_run(recipe, name, base, args, model_dir, data_dir).rows

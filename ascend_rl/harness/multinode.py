@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from ascend_rl.harness import sim_cluster as lib
-from ascend_rl.harness.launch import HarnessError, RunResult, launch, read_jsonl
+from ascend_rl.harness.launch import HarnessError, RunResult, base_python, launch, read_jsonl
 from ascend_rl.harness.runner import pss_bytes
 
 RAY_START = Path("llm_rl") / "deepseek_r1" / "ray_start.sh"
@@ -44,14 +43,15 @@ LOOPBACK = ("127.", "0.0.0.0", "localhost", "::1")
 
 
 def node_env(base: str | None) -> dict[str, str]:
-    """A node's shell for ray_start.sh: no venv on PATH (the script finds its Python; PYTHON names the e2e one
-    so every node runs the same Ray), the cluster interface named as the README says, the run's verl base."""
+    """A node's shell for ray_start.sh: no venv on PATH (the script finds its Python; PYTHON names the base's e2e
+    one, launch.base_python: the job's, so every node runs the job's Ray), the cluster interface named as the README
+    says, the run's verl base."""
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
         "SOCKET_IFNAME": IFNAME,
-        "PYTHON": sys.executable,
+        "PYTHON": str(base_python(base)),
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": NODE_CPUS}),  # read by `ray start`: see NODE_CPUS
     }

@@ -12,6 +12,7 @@ size two CPU cores load in seconds. Facts it is built around (vLLM 0.13.0's CPU 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ from ascend_rl.tiny import qwen2
 
 # What DeepSeek-V3's own config.json says about its router and transformers' config class leaves out.
 ROUTER_CONFIG = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+# DeepSeek's end-of-sentence token, which the real V3 / R1 tokenizers have and verl 0.9.1's agent loop requires of a
+# deepseek_v3 model's tokenizer: its DeepSeek continuous-token builder refuses one without it
+# (verl/utils/tokenizer/continuous_token.py:970 require_token_id(tokenizer, self._EOS_TOKEN)). The 0.9.1 runs' tiny
+# model adds it as a special token (make_checkpoint's special_tokens); the 0.6.0 / 0.7.1 checkpoint stays as it was.
+DEEPSEEK_EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 
 
 @dataclass(frozen=True)
@@ -106,18 +112,27 @@ def make_checkpoint(
     texts: list[str] | None = None,
     tokenizer_config_path: Path = qwen2.RECIPE_TOKENIZER_CONFIG,
     prepare: Callable[[object, object], None] | None = None,
+    special_tokens: tuple[str, ...] = (),
 ) -> Path:
-    """Tokenizer (trained on texts, default the bundled problems, with the chat template of tokenizer_config_path),
-    model, prepare(model, tokenizer) if given, saved to out_dir with the router keys in config.json."""
-    qwen2.make_tiny_checkpoint(
-        out_dir,
-        qwen2.bundled_texts() if texts is None else texts,
-        tokenizer_config_path,
-        seed,
-        shape=shape,
-        prepare=prepare,
-        build=build_model,
-    )
+    """Tokenizer (trained on texts, default the bundled problems, with the chat template of tokenizer_config_path,
+    and special_tokens added to its special tokens), model, prepare(model, tokenizer) if given, saved to out_dir
+    with the router keys in config.json."""
+    with tempfile.TemporaryDirectory(prefix="tiny-deepseek-") as tmp:
+        if special_tokens:
+            config = json.loads(Path(tokenizer_config_path).read_text(encoding="utf-8"))
+            extra = config.get("additional_special_tokens", [])
+            config["additional_special_tokens"] = extra + [t for t in special_tokens if t not in extra]
+            tokenizer_config_path = Path(tmp) / "tokenizer_config.json"
+            tokenizer_config_path.write_text(json.dumps(config), encoding="utf-8")
+        qwen2.make_tiny_checkpoint(
+            out_dir,
+            qwen2.bundled_texts() if texts is None else texts,
+            tokenizer_config_path,
+            seed,
+            shape=shape,
+            prepare=prepare,
+            build=build_model,
+        )
     config_path = Path(out_dir) / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     missing = {k: v for k, v in ROUTER_CONFIG.items() if config.get(k) != v}

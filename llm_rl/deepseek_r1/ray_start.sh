@@ -40,6 +40,13 @@ export HCCL_NPU_SOCKET_PORT_RANGE="${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}"
 export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"
 export ASCEND_GLOBAL_LOG_LEVEL="${ASCEND_GLOBAL_LOG_LEVEL:-3}"
 export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
+# Ray's token authentication, said explicitly: Ray 2.60 (the 0.9.1 stack's; 2.41, the 0.13 stack's, has none) starts a
+# head in token mode whenever ~/.ray/auth_token exists (a ray.init on the machine writes one: ray/_private/worker.py:1873),
+# while a client given an address, as this script's node wait and the job's driver are, connects in the mode
+# RAY_AUTH_MODE says (unset: disabled; worker.py:1973-1977) and is refused ("InvalidAuthToken"). Disabled is what
+# `ray start` gives where there is no token file; for token mode set RAY_AUTH_MODE=token for every node and the job,
+# with the same token on each.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 [ "$PROFILE" != cpu ] || NPUS_PER_NODE="${NPUS_PER_NODE:-1}"
 
 # shellcheck source=../../scripts/find_python.sh
@@ -56,6 +63,15 @@ resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base 
 eval "$resolved"
 VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
+# On CPU the base's cpu_env (recipe.toml; on 0.9.1 the CPU platform and engine device verl's workers select): this
+# node's Ray workers are the raylet's children and inherit nothing else of the launcher's; a variable set here wins
+if [ "$PROFILE" = cpu ]; then
+  # shellcheck disable=SC2154  # BASE_CPU_ENV: from `ascend_rl resolve` above
+  for pair in "${BASE_CPU_ENV[@]}"; do
+    name="${pair%%=*}"
+    export "$name=${!name:-${pair#*=}}"
+  done
+fi
 
 # a dry run says what this node's Ray workers would run (the launcher's node wait compares it with the job's)
 case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON with verl $VERL_BASE from $VERL_DIR" >&2 ;; esac
@@ -70,4 +86,7 @@ case " $* " in *" --dry-run "*) ;; *)
     PYTHONPATH="$REPO_DIR/ascend_rl/shm_record:$PYTHONPATH"
   fi ;;
 esac
-PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@"
+# verl's CPU platform (the base's cpu_env VERL_PLATFORM=cpu, verl 0.9.1: cpu-0014) asks Ray's GPU resource per rank
+GPUS=()
+[ "$PROFILE" != cpu ] || [ "${VERL_PLATFORM:-}" != cpu ] || GPUS=(--gpus)
+PYTHONPATH="$REPO_DIR:$PYTHONPATH" exec "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "${GPUS[@]}" "$@"

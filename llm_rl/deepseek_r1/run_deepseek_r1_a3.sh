@@ -82,8 +82,9 @@ case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" &
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
-    # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only
-    MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; print(artifacts.megatron_packages(Path(sys.executable)))') \
+    # megatron-core / mbridge at their pins, from the download cache (fetched once); the CPU path only. The base's own
+    # Megatron stack where it has one (artifacts.MEGATRON_STACKS: 0.9.1's megatron-core 0.16.1 + Megatron-Bridge 0.3.1)
+    MEGATRON_DIR=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import sys; from pathlib import Path; from ascend_rl import artifacts; base = sys.argv[1] if sys.argv[1] in artifacts.MEGATRON_STACKS else None; print(artifacts.megatron_packages(Path(sys.executable), base))' "$VERL_BASE") \
       || { echo "$(basename "$0"): megatron-core for the CPU profile cannot be installed (see above)" >&2; exit 1; }
     RECIPES_CPU_PYTHONPATH="${VERL_DIR:-$RECIPE_TREE}:$MEGATRON_DIR${PYTHONPATH:+:$PYTHONPATH}"
     # A launch of this launcher's own records its /dev/shm names (below): the Ray workers, whose PYTHONPATH this
@@ -254,11 +255,17 @@ fi
 # nodes: ray_start.sh --cpu offers it), else a bundle would wait forever. One CPU machine (NNODES=1): main_ppo
 # starts its own Ray.
 if [ "$PROFILE" != cpu ] || [ "$NNODES" != 1 ]; then
+  # the auth mode ray_start.sh gave the cluster (unset: disabled): main_ppo's driver, which finds the cluster by
+  # itself, would otherwise take token mode from a ~/.ray/auth_token on this machine (Ray 2.60) and its TaskRunner
+  # never start
+  export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
   RANK_RESOURCE=NPU
   [ "$PROFILE" != cpu ] || RANK_RESOURCE=cpu
   # ... and that every node's Ray runs this launcher's Python environment (interpreter, verl, vLLM, torch): a node
-  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl
-  "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
+  # started with another Python would fail the run in step 1 (a module it lacks), or run another verl. The driver's
+  # side is read on the trainer's PYTHONPATH, as main_ppo runs: the CPU tree's vLLM distribution record (cpu-0014)
+  # is on it, as on the nodes' (ray_start.sh puts the tree first)
+  PYTHONPATH="$TRAINER_PYTHONPATH" "$PYTHON" -m ascend_rl ray_cluster wait --nodes "$NNODES" --timeout "${RAY_WAIT_TIMEOUT:-60}" \
     --resource "$RANK_RESOURCE=$NPUS_PER_NODE" --same-env "$VERL_DIR"
 fi
 # Across nodes every rank saves its shards into trainer.default_local_dir and a rerun resumes from there: refuse

@@ -1,14 +1,15 @@
 """The DeepSeek recipe's own multi-node path on two simulated nodes (`make test-full`): `python -m ascend_rl e2e
---runs deepseek-2n,deepseek-v071-2n`.
+--runs deepseek-2n,deepseek-v071-2n,deepseek-v091-2n`.
 
 Each run makes a simulated cluster (ascend_rl.harness.sim_cluster), runs ray_start.sh --cpu on each node as the
 recipe README says (--head --nodes 2 on node1, --worker on node2, SOCKET_IFNAME=eth0), then the DeepSeek
 launcher's CPU profile with NNODES=2 on node1: the Megatron actor with one rank per node (EP=2 across the nodes),
-a vLLM engine on each node, 3 GRPO steps, on verl 0.6.0 and 0.7.1. The checks are the single-node deepseek runs'
+a vLLM engine on each node, 3 GRPO steps, on verl 0.6.0, 0.7.1 and 0.9.1 (its Megatron engine, in the 0.9.1 e2e
+environment, which every node's Ray runs: multinode.node_env). The checks are the single-node deepseek runs'
 (weight sync, one actor forward per step, the AlltoAllV bytes per rank against the plan) and where each rank ran:
 its own node, the node's eth0 for every socket setting, one torch.distributed master off loopback
 (ascend_rl/harness/multinode.py). Needs root and `ip netns` (skipped otherwise, with the reason) and the e2e
-environment (the e2e_python fixture).
+environment (the e2e_python fixture; e2e_python_091 for the 0.9.1 run).
 The quick checks of the same code (dry run, the evidence check on good and bad input): test_multinode_checks.py.
 """
 
@@ -25,12 +26,12 @@ from cluster_support import NO_CLUSTER
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.full
-RUNS = ("deepseek-2n", "deepseek-v071-2n")
+RUNS = ("deepseek-2n", "deepseek-v071-2n", "deepseek-v091-2n")
 PEAK_PSS_GIB = 14  # per run: every process of both nodes, summed PSS
 
 
 @pytest.fixture(scope="module")
-def multinode(e2e_python, tmp_path_factory):
+def multinode(e2e_python, e2e_python_091, tmp_path_factory):
     if NO_CLUSTER:
         pytest.skip(f"the simulated cluster: {NO_CLUSTER}")
     out = tmp_path_factory.mktemp("e2e-multinode") / "e2e_out"
@@ -39,7 +40,7 @@ def multinode(e2e_python, tmp_path_factory):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=2400,
+        timeout=3600,
     )
     path = out / "summary.json"
     summary = json.loads(path.read_text()) if path.is_file() else {}
@@ -51,7 +52,10 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
     return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("run, base, syncs", [("deepseek-2n", "0.6.0", 3), ("deepseek-v071-2n", "0.7.1", 4)])
+@pytest.mark.parametrize(
+    "run, base, syncs",
+    [("deepseek-2n", "0.6.0", 3), ("deepseek-v071-2n", "0.7.1", 4), ("deepseek-v091-2n", "0.9.1", 4)],
+)
 def test_the_deepseek_launcher_trains_across_two_nodes(multinode, run, base, syncs):
     """3 GRPO steps with one rank per node; the single-node runs' checks all hold (weight sync, one forward, the
     planned AlltoAllV bytes on both ranks at every sync)."""
@@ -88,7 +92,10 @@ def test_each_rank_ran_on_its_own_node_through_eth0(multinode, run):
         assert x["master_addr"] == addresses["node1"], x
     assert sorted(e["node"] for e in ev["engines"]) == sorted(addresses.values())
     assert all(e["data_parallel_size"] == 1 for e in ev["engines"]), ev["engines"]
-    if run == "deepseek-v071-2n":  # 0.7.1's vLLM servers, one per node, each serving on its node's address
+    if run in (
+        "deepseek-v071-2n",
+        "deepseek-v091-2n",
+    ):  # the vLLM servers, one per node, each on its node's address
         assert sorted(s["server_address"] for s in ev["servers"]) == sorted(addresses.values())
 
 

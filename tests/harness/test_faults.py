@@ -7,8 +7,8 @@ run's whole process group or only that rank, or it kills the vLLM engine's proce
 server; on 0.6.0's sync rollout the trainer rank that runs it), or (Qwen 0.6.0) the checkpoints sit on a
 tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. make test (CI) kills each
 recipe's run on its default base inside the step-2 save (CI_PLAN: Qwen on verl 0.9.1, DeepSeek on 0.6.0); make
-test-full adds a trainer rank, the engine on every base, the save on the other bases and the full disk
-(FULL_PLAN); `python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
+test-full adds a trainer rank, the engine on every base, the save on the other bases (DeepSeek's on 0.9.1 too: its
+Megatron engine) and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ FULL_PLAN = (
     # on verl 0.6.0's sync rollout the engine runs inside a trainer rank: its kill is also the dead trainer rank
     ("deepseek_r1", "0.6.0", "engine@step2"),
     ("deepseek_r1", "0.7.1", "group@save,engine@step2"),
+    # verl 0.9.1's Megatron engine (its environment, e2e_python_091): the dist checkpoint of the engine workers' save
+    ("deepseek_r1", "0.9.1", "group@save"),
 )
 PLANS = {"ci": CI_PLAN, "full": FULL_PLAN}
 

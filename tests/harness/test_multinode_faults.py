@@ -520,14 +520,12 @@ def test_shared_refuses_the_node_local_folder_and_passes_the_shared_one(tmp_path
     )
 
 
-@pytest.fixture(scope="module")
-def training_faults(e2e_python, tmp_path_factory):
+def _cluster_faults(e2e_python, out: Path, kinds: str, *extra: str):
     if NO_CLUSTER:
         pytest.skip(f"the simulated cluster: {NO_CLUSTER}")
-    out = tmp_path_factory.mktemp("cluster-faults") / "out"
     report = out.parent / "rows.json"
     proc = subprocess.run(
-        [str(e2e_python), "-m", "ascend_rl", "cluster_faults", "--kinds", "local-ckpt,node-lost"]
+        [str(e2e_python), "-m", "ascend_rl", "cluster_faults", "--kinds", kinds, *extra]
         + ["--out", str(out), "--json", str(report), "--timeout", "600"],
         cwd=REPO,
         capture_output=True,
@@ -536,6 +534,20 @@ def training_faults(e2e_python, tmp_path_factory):
     )
     rows = json.loads(report.read_text())["rows"] if report.is_file() else []
     return proc, rows
+
+
+@pytest.fixture(scope="module")
+def training_faults(e2e_python, tmp_path_factory):
+    return _cluster_faults(
+        e2e_python, tmp_path_factory.mktemp("cluster-faults") / "out", "local-ckpt,node-lost"
+    )
+
+
+@pytest.fixture(scope="module")
+def training_faults_091(e2e_python, e2e_python_091, tmp_path_factory):
+    """The node loss on verl 0.9.1: its Megatron engine, every node's Ray in the 0.9.1 e2e environment."""
+    out = tmp_path_factory.mktemp("cluster-faults-091") / "out"
+    return _cluster_faults(e2e_python, out, "node-lost", "--base", "0.9.1")
 
 
 def _rows(proc, rows, kind):
@@ -556,8 +568,10 @@ def test_a_node_local_checkpoint_folder_is_refused_before_training(training_faul
 
 
 @pytest.mark.full
-def test_a_node_lost_in_step_2_ends_the_run_in_one_line_and_the_rerun_resumes(training_faults):
-    proc, rows = training_faults
+@pytest.mark.parametrize("faults", ["training_faults", "training_faults_091"])
+def test_a_node_lost_in_step_2_ends_the_run_in_one_line_and_the_rerun_resumes(request, faults):
+    """verl 0.6.0 (cluster_faults' default base) and 0.9.1."""
+    proc, rows = request.getfixturevalue(faults)
     lost, back, rerun = _rows(proc, rows, "node-lost")
     assert lost["ok"], lost
     assert lost["seconds"] <= faults.END_WITHIN_S and lost["left"] == 0, lost

@@ -104,6 +104,17 @@ def test_cpu_node_offers_cpu_resource_small_store_no_dashboard_and_npu_node_is_u
     ]
 
 
+def test_a_cpu_node_on_verl_0_9_1_also_offers_the_gpu_resource_its_cpu_platform_asks():
+    """verl 0.9.1's CPU platform (the base's cpu_env VERL_PLATFORM=cpu) asks Ray's GPU per rank; 0.7.1's bundles do
+    not, and its nodes' command is as before."""
+    args = ["--cpu", "--head", "--nodes", "2", "--dry-run"]
+    v091 = _command(_ray_start(args, PYTHON=sys.executable, VERL_BASE="0.9.1"))
+    v071 = _command(_ray_start(args, PYTHON=sys.executable, VERL_BASE="0.7.1"))
+    assert v091[1:4] == ["start", "--node-ip-address=127.0.0.1", '--resources={"NPU": 1, "cpu": 1}'], v091
+    assert "--num-gpus=1" in v091, v091
+    assert not [a for a in v071 if a.startswith("--num-gpus")], v071
+
+
 def test_cpu_node_puts_the_cpu_verl_tree_on_the_raylets_pythonpath(tmp_path):
     # the raylet's workers inherit PYTHONPATH: on a CPU node the tree the CPU profile runs (verl-<base>-cpu)
     probe = tmp_path / "python"
