@@ -126,7 +126,14 @@ def test_the_base_is_qwens_pin_on_the_a3_image_and_the_default_stays(recipe):
     # ds-0206 is ds-0106's port (the reshard inside the bridge's export), ds-0204 / ds-0208 ds-0104's / ds-0108's,
     # ds-0211 ds-0111's (the checkpoint writers)
     ids = [patchset.patch_id(p) for p in recipe.series]
-    expected = [*(patchset.patch_id(p) for p in qwen.series), "ds-0103", "ds-0206", "ds-0204", "ds-0208", "ds-0211"]
+    expected = [
+        *(patchset.patch_id(p) for p in qwen.series),
+        "ds-0103",
+        "ds-0206",
+        "ds-0204",
+        "ds-0208",
+        "ds-0211",
+    ]
     assert ids == expected
     assert all(BASE in patchdoc.header_bases(patchdoc.read_header(p)) for p in recipe.series[-5:])
 
