@@ -121,7 +121,8 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$LOG_DIR/tensorboard/$RUN_NAME}"
 export VERL_FILE_LOGGER_ROOT="${VERL_FILE_LOGGER_ROOT:-$LOG_DIR}"
 # What this launcher exports for the trainer (env.sh and the CPU profile name theirs), for the dry run's plan;
 # PYTHONPATH is set just before the trainer starts.
-LAUNCH_ENV+=(TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD)  # the last: a real launch sets it (below)
+# the last two: a real launch sets RECIPES_SHM_RECORD, a launch on a Ray cluster RAY_AUTH_MODE (below)
+LAUNCH_ENV+=(TENSORBOARD_DIR VERL_FILE_LOGGER_ROOT RECIPES_SHM_RECORD RAY_AUTH_MODE)
 TRAINER_PYTHONPATH="$VERL_DIR${RUN_PYTHONPATH:+:$RUN_PYTHONPATH}"
 
 # The seed's deployment: 256 dies; actor/ref TP4 EP8 PP8 (DP8); 512 prompts x 16 samples, 1K in, 3K out.
@@ -153,11 +154,17 @@ OVERRIDES=(
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4
   actor_rollout_ref.actor.megatron.expert_model_parallel_size=8
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8
+  # Whole experts on each EP rank (expert TP 1): verl 0.6.0's default, but 0.7.1 and 0.9.1 leave it null, and
+  # megatron-core then splits every expert over TP (expert TP = TP, 4 here), where the AlltoAllV reshard
+  # (ds-0006 / ds-0106 / ds-0206) falls back to the all-gather (expert_reshard.py: "expert tensor parallel size")
+  # and the memory plan's expert layout no longer holds.
+  actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1
   actor_rollout_ref.actor.megatron.param_offload=True
   actor_rollout_ref.actor.megatron.optimizer_offload=True
   actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4
   actor_rollout_ref.ref.megatron.expert_model_parallel_size=8
   actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=8
+  actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=1
   actor_rollout_ref.ref.megatron.param_offload=True
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
   # MindSpeed training optimisations (seed: swap optimizer and fused operators).

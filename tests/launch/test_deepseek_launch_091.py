@@ -1,7 +1,7 @@
 """run_deepseek_r1_a3.sh --base 0.9.1 (issue 46, step 1): the dry run composes verl 0.9.1's own ppo_megatron_trainer
 with the launcher's overrides on a patched copy of the tree, runs 0.9.1's validate_config and writes nothing; the
-overrides 0.9.1 has no key for are the other bases' only; a real NPU launch is refused in one line naming the ports
-recipe.toml still lists as pending, before anything is fetched, patched or started."""
+overrides 0.9.1 has no key for are the other bases' only; while recipe.toml lists a port as pending, a real NPU
+launch is refused in one line naming it, before anything is fetched, patched or started (none is left now)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_the_dry_run_composes_0_9_1s_config_and_writes_nothing(tmp_path, pristin
         f"{len(recipe.series)} of {len(recipe.series)} patches to apply: checked on a patched copy" in report
     )
     assert "validate   ok       verl's validate_config passes" in report
-    assert "ports      warn" in report and "(a real launch is refused)" in report
+    # every port landed (issue 46 steps 3-5): nothing pending, no refusal announced
+    assert recipe.pending == {} and "ports " not in report and "still lacks ports" not in report
     final = plan["overrides"]
     assert final["trainer.use_v1"] == "False"
     assert (
@@ -70,6 +71,9 @@ def test_the_dry_run_composes_0_9_1s_config_and_writes_nothing(tmp_path, pristin
     absent = set(NOT_ON_091) | {key for pid, key in KEY_OF_PORT.items() if pid in recipe.pending}
     assert not [k for k in final if k.lstrip("+") in absent], [k for k in final if k.lstrip("+") in absent]
     assert final["actor_rollout_ref.actor.megatron.param_offload"] == "True"
+    # whole experts per EP rank, which ds-0206's AlltoAllV needs (0.9.1's config leaves expert TP null: TP's 4)
+    for role in ("actor", "ref"):
+        assert final[f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size"] == "1", role
     # ds-0204's explicit offload in place of sleep level 1, as on 0.7.1 (0.9.1's validate_config took them above)
     assert final["actor_rollout_ref.rollout.explicit_offload"] == "True"
     assert final["actor_rollout_ref.rollout.enforce_eager"] == "True"
@@ -120,42 +124,48 @@ def test_the_random_variant_on_0_9_1_loads_one_random_checkpoint_and_the_others_
         assert "actor_rollout_ref.actor.megatron.grad_offload=True" in other.overrides
 
 
-def test_a_real_launch_on_0_9_1_is_refused_in_one_line_naming_the_pending_ports(tmp_path, pristine_091):
-    recipe = manifest.load_recipe("deepseek_r1", BASE)
-    before = tree_bytes(pristine_091)
-    env = launcher_env(tmp_path, pristine_091, VERL_BASE=BASE)
-    proc = run_launcher(LAUNCHER, [], env)
-    assert proc.returncode == 1 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(
-        "preflight: error: deepseek_r1 on verl 0.9.1 still lacks ports an NPU launch needs"
+def _with_pending(monkeypatch, pending: dict[str, str]) -> None:
+    """The preflight resolves its launch once (manifest.resolve_launch): here with `pending` as the base's table, as
+    recipe.toml had it before issue 46's ports landed."""
+    from dataclasses import replace
+
+    real = manifest.resolve_launch
+
+    def resolve(*args, **kwargs):
+        launch = real(*args, **kwargs)
+        return replace(launch, recipe=replace(launch.recipe, pending=pending))
+
+    monkeypatch.setattr(manifest, "resolve_launch", resolve)
+
+
+def _preflight(tree: Path, *extra: str, base: str = BASE) -> list[str]:
+    return ["--recipe", "deepseek_r1", "--base", base, "--config-name", "ppo_megatron_trainer",
+            "--verl-dir", str(tree), *extra, "--", "trainer.no_such_key=1"]  # fmt: skip
+
+
+def test_a_pending_port_refuses_the_npu_launch_only_in_one_line(base_tree, monkeypatch, capsys):
+    """While a base's `pending` table names a port, an NPU launch stops at it in one line, before anything is
+    checked (a misspelt key is not reached); the CPU profile and a base with nothing pending go on to their checks,
+    where the misspelt key stops them. 0.9.1's own table is empty now: its launch is not refused."""
+    from ascend_rl.cli import preflight
+
+    tree = base_tree(BASE)
+    assert preflight.main(_preflight(tree)) == 1  # the real table: no refusal, the key is what stops it
+    err = capsys.readouterr().err
+    assert "still lacks ports" not in err and "config has no key trainer.no_such_key" in err, err
+    _with_pending(
+        monkeypatch, {"ds-0104": "issue 46 step 4: explicit offload", "ds-0108": "issue 46 step 4: sync"}
     )
-    assert all(pid in lines[0] for pid in recipe.pending) and "--base 0.6.0 or 0.7.1" in lines[0]
-    assert "--dry-run" in lines[0]
-    assert tree_bytes(pristine_091) == before and not (tmp_path / "run_log").exists()
-
-
-def test_the_refusal_is_the_npu_launchs_only(base_tree):
-    """The CPU profile and the bases with nothing pending go on to their checks: here a misspelt key is what stops
-    them, never the pending ports (the same command with the NPU profile on 0.9.1 stops at those first)."""
-    trees = {base: base_tree(base) for base in (BASE, "0.7.1")}
-
-    def preflight(base: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "ascend_rl", "preflight", "--recipe", "deepseek_r1", "--base", base,
-             "--config-name", "ppo_megatron_trainer", "--verl-dir", str(trees[base]), *extra,
-             "--", "trainer.no_such_key=1"],
-            capture_output=True, text=True, cwd=REPO, timeout=300,
-        )  # fmt: skip
-
-    npu = preflight(BASE)
-    assert npu.returncode == 1 and "still lacks ports" in npu.stderr and "no_such_key" not in npu.stderr
-    assert len(npu.stderr.strip().splitlines()) == 1, npu.stderr
-    for base, extra in ((BASE, ("--cpu", "--with", "cpu")), ("0.7.1", ())):
-        proc = preflight(base, *extra)
-        assert proc.returncode == 1 and "still lacks ports" not in proc.stderr, proc.stderr
-        assert "config has no key trainer.no_such_key" in proc.stderr, proc.stderr
+    assert preflight.main(_preflight(tree)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "no_such_key" not in lines[0], lines
+    assert lines[0].startswith(
+        "preflight: error: deepseek_r1 on verl 0.9.1 still lacks ports an NPU launch needs (ds-0104, ds-0108;"
+    )
+    assert "--base 0.6.0 or 0.7.1" in lines[0] and "--dry-run" in lines[0]
+    assert preflight.main(_preflight(tree, "--cpu", "--with", "cpu")) == 1
+    err = capsys.readouterr().err
+    assert "still lacks ports" not in err and "config has no key trainer.no_such_key" in err, err
 
 
 def test_resolve_names_the_base_its_series_image_and_what_is_pending():

@@ -111,6 +111,10 @@ def test_the_deepseek_launcher_on_0_7_1_takes_the_server_mode_rollout_and_its_po
     assert final["actor_rollout_ref.rollout.enforce_eager"] == "True"
     assert final["actor_rollout_ref.actor.megatron.use_mbridge"] == "False"
     assert final["actor_rollout_ref.rollout.expert_reshard"] == "alltoallv"
+    # whole experts per EP rank: 0.7.1's config leaves expert TP null, which megatron-core turns into TP (4), where
+    # the reshard falls back to the all-gather
+    for role in ("actor", "ref"):
+        assert final[f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size"] == "1", role
     assert (
         "multistream_overlap_shared_expert"
         in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]

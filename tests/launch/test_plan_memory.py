@@ -719,8 +719,8 @@ def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tr
 def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path, pristine_base):
     """run_deepseek_r1_a3.sh --base 0.9.1 --dry-run: the preflight's plan (from 0.9.1's composed config) is the
     engine's, the same as plan_memory's from the launch's JSON: the bridge's weight sync, no activation recompute
-    (the yaml's enable_gradient_checkpointing=True is not the Megatron engine's), and, with sleep level 1 on 16
-    nodes planned as not freeing the die, an update over the A3 die."""
+    (the yaml's enable_gradient_checkpointing=True is not the Megatron engine's), and, with ds-0204's explicit
+    offload (the base's overrides), an update that fits the A3 die; sleep level 1 kept on the die would not."""
     import shutil
 
     from launcher_env import launcher_env, run_launcher
@@ -742,7 +742,18 @@ def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path
     plan = mp.plan_launch(settings)
     assert mp.megatron_engine(settings)
     assert printed == {ph.name: f"{ph.total / mp.GIB:.2f}" for ph in plan.phases}
-    assert plan.peak.name == "actor update" and printed["actor update"] == "109.13"
+    assert plan.peak.name == "actor update" and printed["actor update"] == "58.17"
+    assert plan.refusal() is None, plan.refusal()
+    kept = mp.plan_launch(
+        dict(
+            settings,
+            **{
+                "actor_rollout_ref.rollout.explicit_offload": False,
+                "actor_rollout_ref.rollout.enable_sleep_mode": True,
+            },
+        )
+    )
+    assert f"{kept.peak.total / mp.GIB:.2f}" == "109.13" and kept.refusal() is not None
     sync = _terms(_phase(plan, "weight sync and reshard"))
     w1 = 2 * 2048 * 7168 * 2  # one expert's fused gate/up, bf16: 56 MiB
     assert (
