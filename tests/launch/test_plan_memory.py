@@ -890,8 +890,16 @@ MEASURED_RUNS = {
     # optimizer's dense part over DP 2, its expert part over expert-DP 1
     "deepseek-v060": (DEEPSEEK, "0.6.0", {}),
     "deepseek-v071": (DEEPSEEK, "0.7.1", {}),
+    # verl 0.9.1's Megatron engine (fp32 on CPU), the same layout: its optimizer step (MegatronEngine.optimizer_step)
+    "deepseek-v091": (DEEPSEEK, "0.9.1", {}),
 }
-MEASURED_RANKS = {"qwen-2r-v071": 2, "qwen-2r-v091": 2, "deepseek-v060": 2, "deepseek-v071": 2}
+MEASURED_RANKS = {
+    "qwen-2r-v071": 2,
+    "qwen-2r-v091": 2,
+    "deepseek-v060": 2,
+    "deepseek-v071": 2,
+    "deepseek-v091": 2,
+}
 
 DRIVER = """
 import json, subprocess, sys
@@ -903,7 +911,7 @@ out, name, launcher, base = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), s
 extra, record = json.loads(sys.argv[5]), Path(sys.argv[1]) / "memory.jsonl"
 overrides = ["trainer.total_training_steps=1"]
 if name.startswith("deepseek"):
-    model_dir, data_dir = e2e.prepare_deepseek_inputs(out)
+    model_dir, data_dir = e2e.prepare_deepseek_inputs(out, base=base)
 else:
     model_dir, data_dir = e2e.prepare_inputs(out, warm_start_steps=300)
 # the launch plan of exactly this launch (the harness's environment), then the launch with the hook on
