@@ -392,39 +392,18 @@ def test_requirements_under_pins_leave_a_pinned_package_to_its_pin(tmp_path):
         "scipy>=1.0",
         "NumPy-Extra<2",
     ]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ascend_rl",
-            "stack",
-            "--constraints",
-            str(constraints),
-            "--requirements",
-            str(reqs),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+
+    def stack(requirements: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "ascend_rl", "stack", "--constraints", str(constraints)]
+        return subprocess.run(
+            [*cmd, "--requirements", requirements], capture_output=True, text=True, cwd=REPO
+        )
+
+    proc = stack(str(reqs))
     assert proc.returncode == 0 and proc.stdout.splitlines()[:3] == ["pybind11", "numpy", "transformers"], (
         proc
     )
-    gone = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ascend_rl",
-            "stack",
-            "--constraints",
-            str(constraints),
-            "--requirements",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    gone = stack("nope")
     assert gone.returncode == 2 and gone.stderr.count("\n") == 1 and "nope not found" in gone.stderr
 
 
