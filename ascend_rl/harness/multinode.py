@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from ascend_rl import artifacts, manifest
+from ascend_rl.errors import OverlayError
 from ascend_rl.harness import sim_cluster as lib
 from ascend_rl.harness.launch import HarnessError, RunResult, base_python, launch, read_jsonl
 from ascend_rl.harness.runner import pss_bytes
@@ -156,9 +158,22 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
+def cache_verl_sdist(base: str | None) -> Path:
+    """The base's pinned verl sdist in the download cache, fetched from this (the host's) network: ray_start.sh makes
+    a node's verl tree from it when the tree is absent (a fresh checkout), and a simulated node reaches no index.
+    HarnessError (one line) when it cannot be had."""
+    try:
+        spec = manifest.load_recipe("deepseek_r1", base)
+        return artifacts.verl_sdist(spec.version, spec.sdist_sha256)
+    except (OverlayError, artifacts.DownloadError, artifacts.ChecksumError) as exc:
+        raise HarnessError(f"the simulated nodes' verl tree: {exc}") from None
+
+
 def start_ray(cl: lib.Cluster, base: str | None, log_path: Path, repo: Path) -> dict[str, float]:
-    """ray_start.sh on every node as the README says: the head first (it waits for all nodes), then each worker.
-    Both scripts' output goes to log_path. Returns the seconds each part took; a failure is one HarnessError line."""
+    """ray_start.sh on every node as the README says: the head first (it waits for all nodes), then each worker;
+    each makes the verl tree ready first (from the cached sdist when absent). Both scripts' output goes to log_path.
+    Returns the seconds each part took; a failure is one HarnessError line."""
+    cache_verl_sdist(base)
     nodes = len(cl.nodes)
     head_ip = cl.address("node1")
     env = node_env(base)

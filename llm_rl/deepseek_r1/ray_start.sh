@@ -17,6 +17,9 @@
 # cluster, docs/cluster.md): NPUS_PER_NODE ranks (default 1) of the
 # lowercase `cpu` resource verl's CPU bundles ask for, a 512 MiB object store, no dashboard,
 # the CPU verl tree (verl-<base>-cpu). --object-store-memory SIZE overrides the store.
+# Before Ray starts, the node makes its verl tree (VERL_DIR, default the base's verl-<base>[-cpu]) ready as the
+# launcher's preflight does: fetched when absent (the pinned sdist, through the download cache RECIPES_CACHE: a node
+# without the index needs it there), the series applied; a tree it cannot make ready is one line, exit 1, no Ray.
 set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -73,6 +76,18 @@ if [ "$PROFILE" = cpu ]; then
   done
 fi
 
+# The verl tree, made ready on this node before its Ray starts, as the launcher's preflight makes it (fetched when
+# absent, the series applied): a Ray worker started before the tree exists never imports verl from it, and Ray starts
+# workers with the node. The interface is checked first (a dry run of the start, cheap); a dry run says what it would
+# change. A tree that cannot be made ready: one line, exit 1, no Ray started.
+case " $* " in
+  *" --dry-run "*) PREPARE=(--dry-run) ;;
+  *) PREPARE=()
+     PYTHONPATH="$REPO_DIR:$PYTHONPATH" "$PYTHON" -m ascend_rl ray_cluster start --npus "${NPUS_PER_NODE:-16}" "$@" \
+       --dry-run >/dev/null || exit $? ;;
+esac
+(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "$VERL_BASE" --profile "$PROFILE" \
+  --prepare-tree "$VERL_DIR" "${PREPARE[@]}" | sed "s/^/$(basename "$0"): /"; exit "${PIPESTATUS[0]}") >&2 || exit 1
 # a dry run says what this node's Ray workers would run (the launcher's node wait compares it with the job's)
 case " $* " in *" --dry-run "*) echo "$(basename "$0"): Ray workers run $PYTHON with verl $VERL_BASE from $VERL_DIR" >&2 ;; esac
 # /dev/shm on this node: what an earlier run's processes here left when it was killed goes first (by the names they

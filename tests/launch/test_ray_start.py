@@ -216,3 +216,81 @@ def test_an_interface_the_node_lacks_is_one_line_naming_what_it_has():
         "ray_cluster: error: interface 'ib9' has no IPv4 address (no such interface here); this node has: "
     ), proc.stderr
     assert "lo 127.0.0.1" in proc.stderr, proc.stderr
+
+
+def _start_probe(tmp_path: Path, tree: Path) -> Path:
+    """A PYTHON that runs everything with this interpreter except the node's real `ray_cluster start` (not its dry
+    run): that one says whether the verl tree was there when Ray would have started, and starts nothing."""
+    probe = tmp_path / "python"
+    probe.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *"ray_cluster start"*--dry-run*) ;;\n'
+        f'  *"ray_cluster start"*) [ -f {shlex.quote(str(tree))}/verl/__init__.py ] && echo "tree at start"; '
+        "echo started; exit 0 ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    probe.chmod(0o755)
+    return probe
+
+
+def test_a_fresh_node_makes_the_verl_tree_before_its_ray_starts(tmp_path):
+    """The first run on a fresh checkout: ray_start.sh runs on every node before the launcher, whose preflight used
+    to be what fetched and patched the tree, so each node's Ray (and the workers Ray starts with it) came up with a
+    PYTHONPATH entry that did not exist yet, and the launcher's node check found verl absent on every node. The
+    node now makes the tree first, as the preflight makes it: fetched, the whole series applied; a dry run says so
+    and writes nothing."""
+    from ascend_rl import manifest, overlay
+
+    tree = tmp_path / "verl-tree"
+    probe = _start_probe(tmp_path, tree)
+    dry = _ray_start(
+        ["--cpu", "--worker", "10.1.2.3", "--dry-run"],
+        PYTHON=str(probe),
+        VERL_BASE="0.7.1",
+        VERL_DIR=str(tree),
+    )
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"ray_start.sh: verl tree: would fetch verl 0.7.1 into {tree} and apply the " in dry.stderr, (
+        dry.stderr
+    )
+    assert not tree.exists()
+
+    run = _ray_start(
+        ["--cpu", "--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.7.1", VERL_DIR=str(tree)
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-2:] == ["tree at start", "started"], run.stdout + run.stderr
+    spec = manifest.resolve_launch("deepseek_r1", "0.7.1", "cpu").recipe
+    states = overlay.apply_checked(spec, overlay.resolve_target(spec, tree), dry_run=True, log=lambda m: None)
+    assert [s.state for s in states] == [overlay.APPLIED] * len(spec.series)
+    assert f"ray_start.sh: verl tree: {tree} (verl 0.7.1, fetched, " in run.stderr, run.stderr
+
+    # the next start on the node (Ray restarted, a second node on a shared disk) finds it ready: nothing to do
+    again = _ray_start(
+        ["--cpu", "--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.7.1", VERL_DIR=str(tree)
+    )
+    assert again.returncode == 0 and "tree at start" in again.stdout, again.stdout + again.stderr
+    assert "fetched" not in again.stderr, again.stderr
+
+
+def test_a_tree_the_node_cannot_make_ready_is_one_line_and_no_ray(tmp_path):
+    """VERL_DIR holding another verl: the node refuses in one line naming the tree and starts no Ray; the user's
+    tree is left as it was."""
+    tree = tmp_path / "mine"
+    (tree / "verl" / "version").mkdir(parents=True)
+    (tree / "verl" / "__init__.py").write_text("")
+    (tree / "verl" / "version" / "version").write_text("0.5.0\n")
+    before = sorted(p.relative_to(tree) for p in tree.rglob("*"))
+    probe = _start_probe(tmp_path, tree)
+    proc = _ray_start(
+        ["--cpu", "--worker", "10.1.2.3"], PYTHON=str(probe), VERL_BASE="0.7.1", VERL_DIR=str(tree)
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "started" not in proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("resolve: error: ") and str(tree) in errors[0], (
+        proc.stderr
+    )
+    assert sorted(p.relative_to(tree) for p in tree.rglob("*")) == before
