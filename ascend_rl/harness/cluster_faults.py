@@ -433,9 +433,11 @@ def run_kinds(kinds: list[str], python: str, wait_s: float, pending_s: float, ro
     def add(kind: str, found: list[dict]) -> None:
         rows.extend({"kind": kind, **row} for row in found)
 
-    from ascend_rl.harness.multinode import cache_verl_sdist
+    from ascend_rl.harness.multinode import cache_for_nodes
 
-    cache_verl_sdist(None)  # ray_start.sh makes the default base's tree from it in a node (no index there)
+    cache_for_nodes(
+        None, megatron=False
+    )  # ray_start.sh makes the default base's tree in a node (no index there)
     if "ifname" in kinds:
         with_cluster(f"{tag}-if", 1, lambda cl: add("ifname", fault_ifname(cl, python)))
     rest = [k for k in KINDS[1:] if k in kinds]

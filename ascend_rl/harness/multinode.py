@@ -158,22 +158,27 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def cache_verl_sdist(base: str | None) -> Path:
-    """The base's pinned verl sdist in the download cache, fetched from this (the host's) network: ray_start.sh makes
-    a node's verl tree from it when the tree is absent (a fresh checkout), and a simulated node reaches no index.
-    HarnessError (one line) when it cannot be had."""
+def cache_for_nodes(base: str | None, megatron: bool = True) -> None:
+    """What a simulated node would download on a fresh machine, fetched here from the host's network, since a node
+    reaches no index: the base's pinned verl sdist in the download cache (ray_start.sh makes a node's verl tree from
+    it when the tree is absent) and, with `megatron`, the base's Megatron packages the launcher on node1 puts on the
+    trainer's path (artifacts.megatron_packages, as run_deepseek_r1_a3.sh asks for them). HarnessError (one line)
+    when either cannot be had."""
     try:
         spec = manifest.load_recipe("deepseek_r1", base)
-        return artifacts.verl_sdist(spec.version, spec.sdist_sha256)
+        artifacts.verl_sdist(spec.version, spec.sdist_sha256)
+        if megatron:
+            stack = spec.version if spec.version in artifacts.MEGATRON_STACKS else None
+            artifacts.megatron_packages(base_python(spec.version), stack)
     except (OverlayError, artifacts.DownloadError, artifacts.ChecksumError) as exc:
-        raise HarnessError(f"the simulated nodes' verl tree: {exc}") from None
+        raise HarnessError(f"what the simulated nodes cannot download: {exc}") from None
 
 
 def start_ray(cl: lib.Cluster, base: str | None, log_path: Path, repo: Path) -> dict[str, float]:
     """ray_start.sh on every node as the README says: the head first (it waits for all nodes), then each worker;
-    each makes the verl tree ready first (from the cached sdist when absent). Both scripts' output goes to log_path.
+    each makes the verl tree ready first (from the cached sdist when absent: cache_for_nodes). Both scripts' output goes to log_path.
     Returns the seconds each part took; a failure is one HarnessError line."""
-    cache_verl_sdist(base)
+    cache_for_nodes(base)
     nodes = len(cl.nodes)
     head_ip = cl.address("node1")
     env = node_env(base)
