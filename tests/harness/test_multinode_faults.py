@@ -568,10 +568,10 @@ def test_a_node_local_checkpoint_folder_is_refused_before_training(training_faul
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("faults", ["training_faults", "training_faults_091"])
-def test_a_node_lost_in_step_2_ends_the_run_in_one_line_and_the_rerun_resumes(request, faults):
+@pytest.mark.parametrize("which", ["training_faults", "training_faults_091"])
+def test_a_node_lost_in_step_2_ends_the_run_in_one_line_and_the_rerun_resumes(request, which):
     """verl 0.6.0 (cluster_faults' default base) and 0.9.1."""
-    proc, rows = request.getfixturevalue(faults)
+    proc, rows = request.getfixturevalue(which)
     lost, back, rerun = _rows(proc, rows, "node-lost")
     assert lost["ok"], lost
     assert lost["seconds"] <= faults.END_WITHIN_S and lost["left"] == 0, lost
