@@ -7,7 +7,7 @@ help:
 	@echo "make demo     GRPO through the recipe's launcher, main_ppo and vLLM on CPU on the default base (verl 0.9.1): a tiny model learns, held-out before/after"
 	@echo "make test     the test suite's CI tier: every test, each recipe's default launch once, one negative control, one kill per recipe, the 2-node join (budget 30 min fresh)"
 	@echo "make test-full  the whole matrix: every e2e run on every base, every negative control, the fault plan; ends with a table"
-	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen on verl 0.9.1 (default), 0.7.1 and 0.6.0 with resume and 2 ranks, DeepSeek (Megatron) on its three bases, 0.9.1 its engine workers (+ --runs deepseek-2n,deepseek-v071-2n,deepseek-v091-2n: 2 simulated nodes, root)"
+	@echo "make e2e      the recipes' real launch paths on CPU: main_ppo + vLLM CPU build, Qwen on verl 0.9.1 (default), 0.7.1 and 0.6.0 with resume and 2 ranks, DeepSeek (Megatron) on verl 0.9.1 (default, its engine workers), 0.7.1 and 0.6.0 (+ --runs deepseek-2n,deepseek-v071-2n,deepseek-v091-2n: 2 simulated nodes, root)"
 	@echo "make e2e-setup  build the e2e environment (vLLM 0.13.0 CPU build, torch 2.9.1; 8.4 GB on disk, 4.3 GB of it CUDA libraries PyPI's torch brings; once per machine)"
 	@echo "make e2e-setup-091  build verl 0.9.1's e2e environment (vLLM 0.23.0 CPU build, torch 2.11.0, transformers 5.5.4, Python 3.12; 6.7 GB; once per machine): make e2e E2E_ARGS=\"--runs v091,v091-resume\""
 	@echo "make dry-run  fetch + patch verl, check the single-card launcher's overrides, print the command"
@@ -39,8 +39,8 @@ e2e-setup: setup
 e2e-setup-091: setup
 	@bash scripts/setup_e2e.sh --base 0.9.1
 
-# E2E_ARGS passes options to ascend_rl/harness/e2e.py (e.g. E2E_ARGS="--runs sync"); its verl 0.9.1 runs (the Qwen
-# default base, and deepseek-v091) run in .venv-e2e-091.
+# E2E_ARGS passes options to ascend_rl/harness/e2e.py (e.g. E2E_ARGS="--runs sync"); its verl 0.9.1 runs (both
+# recipes' default base: v091 and deepseek-v091, with their resume, ranks and nodes) run in .venv-e2e-091.
 e2e: e2e-setup e2e-setup-091
 	.venv-e2e/bin/python -m ascend_rl e2e $(E2E_ARGS)
 

@@ -4,9 +4,10 @@
 #   bash scripts/run_tests.sh full   # make test-full: the whole matrix, every run, control and kill
 # It sets up .venv (scripts/setup_dev.sh) and, beside it, the e2e environment (scripts/setup_e2e.sh, once per
 # machine), then runs pytest on TEST_WORKERS workers (default 2; 0 runs in one process) with --durations, and
-# ends with the set-up and test wall times. verl 0.9.1's environment (setup_e2e.sh --base 0.9.1, the Qwen default
-# base's stack) builds in the background from the start: the tests that need it wait for it (its fixture takes the
-# same lock), the others run meanwhile. PYTEST_ARGS adds pytest options (e.g. PYTEST_ARGS="-x").
+# ends with the set-up and test wall times. verl 0.9.1's environment (setup_e2e.sh --base 0.9.1, the stack of both
+# recipes' default base, which the CI tier's launches and kills run on) builds in the background from the start: the
+# tests that need it wait for it (its fixture takes the same lock), the others run meanwhile. PYTEST_ARGS adds pytest
+# options (e.g. PYTEST_ARGS="-x").
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 

@@ -17,14 +17,16 @@ the vLLM 0.13.0 CPU build -> weight sync -> new_math_reward.py -> GRPO update ->
     qwen-2r-v091  the qwen-2r run on verl 0.9.1 (its environment, as v091)
     qwen-2r  verl 0.7.1 through the four-card launcher (`run_qwen2_5_1_5b.sh --cpu`) with NPUS=2: FSDP2 sharded
             over 2 gloo ranks, one vLLM server per rank; 3 GRPO steps, checkpoint at the last one
-    deepseek  the DeepSeek launcher's CPU profile (`run_deepseek_r1_a3.sh --cpu`): main_ppo with the
-            Megatron actor and reference on 2 gloo processes (EP=2), actor.recompute_old_log_prob=False,
-            rollout.expert_reshard=alltoallv, explicit offload, a tiny DeepSeek-V3; 3 GRPO steps
+    deepseek  the DeepSeek launcher's CPU profile on verl 0.6.0 (`run_deepseek_r1_a3.sh --cpu`, VERL_BASE=0.6.0: its
+            default base until issue 46; the run keeps its name): main_ppo with the Megatron actor and reference on 2
+            gloo processes (EP=2), actor.recompute_old_log_prob=False, rollout.expert_reshard=alltoallv, explicit
+            offload, a tiny DeepSeek-V3; 3 GRPO steps
     deepseek-v071  the same launcher on verl 0.7.1 (--base 0.7.1): its server-mode rollout, one vLLM server
             per process, the weights in shared-memory buckets; the same checks
-    deepseek-v091  the same launcher on verl 0.9.1 (--base 0.9.1, in .venv-e2e-091): the legacy trainer with the engine
-            workers, 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on the 2 processes, the
-            AlltoAllV reshard in the bridge's export (ds-0206), one vLLM 0.23 server per process; the same checks
+    deepseek-v091  the same launcher on verl 0.9.1, the DeepSeek default base (in .venv-e2e-091): the legacy trainer
+            with the engine workers, 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on the 2
+            processes, the AlltoAllV reshard in the bridge's export (ds-0206), one vLLM 0.23 server per process; the
+            same checks
     deepseek-2n, deepseek-v071-2n, deepseek-v091-2n  the same runs across 2 simulated nodes (ascend_rl/harness/multinode.py;
             root): ray_start.sh --cpu on each node, the launcher with NNODES=2 on the head, one Megatron rank and
             one vLLM engine per node (EP=2 across the nodes); the same checks, and where each rank ran (its node,
@@ -83,12 +85,13 @@ from ascend_rl.tiny.deepseek_v3 import DEEPSEEK_EOS
 
 RUNS = ("sync", "async", "resume", "v071", "v071-resume", "qwen-2r", "deepseek", "deepseek-v071")
 DEEPSEEK = "deepseek"
-# the DeepSeek launcher's runs, one per verl base (deepseek-v091: the Megatron engine, in the 0.9.1 environment)
+# the DeepSeek launcher's runs, one per verl base (deepseek-v091: the default base, the Megatron engine, in the 0.9.1
+# environment; deepseek: verl 0.6.0, named as every run's base is, VERL_BASE)
 DEEPSEEK_RUNS = ("deepseek", "deepseek-v071", "deepseek-v091")
 # The verl base each run launches on (VERL_BASE), and the run a resume continues.
 RUN_BASE = {"sync": "0.6.0", "async": "0.6.0", "resume": "0.6.0", "v071": "0.7.1", "v071-resume": "0.7.1"}
 # The verl 0.9.1 runs: their stack (vLLM 0.23.0, torch 2.11.0) is a second environment, which the launcher is handed
-# as PYTHON (launch.py's BASE_ENVS); make e2e builds it (the Qwen default base's stack).
+# as PYTHON (launch.py's BASE_ENVS); make e2e builds it (both recipes' default base's stack).
 V091_RUNS = ("v091", "v091-resume", "qwen-2r-v091")
 # The Qwen runs that skip the old-log-prob pass (actor.recompute_old_log_prob=False: shared-0016/0017), as every
 # DeepSeek run does: their gaps come from the update's own forward (cpu-0015) and each step has one actor forward.

@@ -2,9 +2,10 @@
 
 Each kill runs a recipe launcher's CPU profile (as `make e2e` does) with a checkpoint every step and
 trainer.max_actor_ckpt_to_keep=1 (the DeepSeek launcher's retention): the Qwen2.5 launcher (FSDP2, one
-trainer rank) on each verl base (on 0.9.1 the kills in the save and in the engine only), and the DeepSeek launcher
-(the Megatron actor on 2 gloo ranks, EP=2, a tiny DeepSeek-V3; verl 0.6.0 and 0.7.1; on 0.9.1, its Megatron engine,
-the kill of the whole group in the save). The harness's sitecustomize hook pauses the
+trainer rank) on each verl base (on 0.9.1, its default, the kills in the save and in the engine only), and the
+DeepSeek launcher (the Megatron actor on 2 gloo ranks, EP=2, a tiny DeepSeek-V3; verl 0.6.0 and 0.7.1; on 0.9.1, its
+default, its Megatron engine: the kill of the whole group in the save). make test kills each recipe's run on its
+default base in the save (tests/harness/test_faults.py's CI_PLAN). The harness's sitecustomize hook pauses the
 first torch.save under global_step_2 (FSDP: a trainer rank writing its actor shard; Megatron: rank 0 writing
 the dist checkpoint's common.pt while rank 1 waits in the save's collective) and this script then kills,
 for real, from outside:

@@ -5,10 +5,11 @@
 #   bash run_deepseek_r1_a3.sh [--variant real|random] [--base VERSION] [--dry-run [--json]] [--cpu] [--help]
 #                              [hydra.override=value ...]
 #
-# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.6.0 (the sync rollout, every optimisation), 0.7.1
-# (verl's own release for vLLM 0.13: the server-mode rollout) or 0.9.1 (today's stack, the engine workers: its
-# series is not complete yet, so only --dry-run and --cpu run there; a launch is refused in one line naming the
-# ports still pending); default: recipe.toml's default_base.
+# --base VERSION (or VERL_BASE=VERSION): the verl base, 0.9.1 (today's stack, the engine workers: every optimisation
+# ported, its CPU runs pass, no NPU run yet), 0.7.1 (verl's own release for vLLM 0.13: the server-mode rollout) or
+# 0.6.0 (the sync rollout, every optimisation, the longer record); default: recipe.toml's default_base, 0.9.1. While
+# a base's series lacks a port an NPU launch needs, the launch is refused in one line naming it (--dry-run and
+# --cpu go on).
 # real   (default): BF16 weights from MODEL_DIR, Megatron shards from MCORE_DIR; rollout TP2 x DP64 = EP128
 # random: random-initialised weights from MODEL_DIR's config.json only; rollout TP2 x DP128 = EP256 (on 0.9.1, whose
 # engine always loads a checkpoint: a random one of that config, written once under RANDOM_MODEL_DIR, default

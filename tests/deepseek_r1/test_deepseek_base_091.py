@@ -115,13 +115,13 @@ def recipe() -> manifest.Recipe:
     return manifest.load_recipe("deepseek_r1", BASE)
 
 
-def test_the_base_is_qwens_pin_on_the_a3_image_and_the_default_stays(recipe):
+def test_the_base_is_qwens_pin_on_the_a3_image_and_the_default(recipe):
     qwen = manifest.load_recipe("qwen2_5", BASE)
     assert (recipe.tag, recipe.sdist, recipe.sdist_sha256) == (qwen.tag, qwen.sdist, qwen.sdist_sha256)
     assert recipe.constraints == qwen.constraints == "constraints-0.9.1.txt"
     assert recipe.image == qwen.image.replace("-910b-", "-a3-") and "Dockerfile.a3:18" in recipe.image_source
     assert "trainer.use_v1=False" in recipe.overrides
-    assert recipe.default == "0.6.0"
+    assert recipe.default == BASE  # the recipe's default base since issue 46's CPU runs passed
     # the carried shared ports, in Qwen's order, then the recipe's own: ds-0103 serves 0.7.1 and 0.9.1 from one file,
     # ds-0206 is ds-0106's port (the reshard inside the bridge's export), ds-0204 / ds-0208 ds-0104's / ds-0108's,
     # ds-0211 ds-0111's (the checkpoint writers)
@@ -259,7 +259,8 @@ def test_status_lists_the_series_and_what_is_pending_and_apply_revert_are_byte_e
     code, out, _ = cli(capsys, "list", "deepseek_r1", "--base", BASE)
     assert code == 0 and "ds-0103" in out
     assert all(f"pending     {pid}" in out for pid in recipe.pending)
-    summary = f"deepseek_r1: verl {BASE}, {len(recipe.series)} patches"
+    # the default base, listed with nothing pending after its patch count
+    summary = f"deepseek_r1: verl {BASE} (default), {len(recipe.series)} patches"
     listed = cli(capsys, "list")[1]
     assert summary in listed and f"{summary} (" not in listed
 

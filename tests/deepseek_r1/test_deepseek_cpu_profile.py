@@ -1,4 +1,6 @@
-"""The DeepSeek launcher's CPU profile, `run_deepseek_r1_a3.sh --cpu`: its dry run composes the recipe's overrides
+"""The DeepSeek launcher's CPU profile on verl 0.6.0, `VERL_BASE=0.6.0 run_deepseek_r1_a3.sh --cpu` (the recipe's
+default base is 0.9.1 since issue 46; the 0.9.1 profile's dry run is tests/launch/test_launch_bases.py's and
+test_deepseek_launch_091.py's): its dry run composes the recipe's overrides
 with the profile's (Megatron actor and reference with EP=2 on gloo, verl's sync vLLM rollout on the vLLM 0.13.0 CPU
 build, explicit offload, actor.recompute_old_log_prob=False, rollout.expert_reshard=alltoallv, MindSpeed's options
 dropped) against verl's ppo_megatron_trainer.
@@ -39,6 +41,7 @@ def inputs(e2e_python, verl_sdist_path, tmp_path_factory):
     subprocess.run([str(e2e_python), "-c", code], cwd=REPO, check=True, timeout=600)
     env = dict(os.environ)
     env.update(
+        VERL_BASE="0.6.0",  # the e2e environment's stack (vLLM 0.13.0), the base whose profile this file checks
         PYTHON=str(e2e_python),
         VERL_DIR=str(work / "verl-cpu"),
         MODEL_DIR=str(work / "model"),

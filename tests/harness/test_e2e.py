@@ -18,11 +18,11 @@ import tier_report
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-# make test (CI): each recipe's default base once, with the weight-sync proof (Qwen: verl 0.9.1 in its own
+# make test (CI): each recipe's default base once, with the weight-sync proof (both verl 0.9.1, in its own
 # environment, e2e_python_091). make test-full: the rest of the matrix, in the same output folder (v071-resume
 # continues the v071 run's step-2 checkpoint; test_e2e_091.py has 0.9.1's resume and two ranks).
-CI_RUNS = ("v091", "deepseek")
-FULL_RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek-v071")
+CI_RUNS = ("v091", "deepseek-v091")
+FULL_RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071")
 QWEN_RUNS = ("v091", "sync", "async", "resume", "v071", "v071-resume")
 
 
@@ -51,8 +51,8 @@ def e2e_out(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def e2e_default(e2e_python, e2e_python_091, e2e_out):
     """v091 (Qwen's default base, verl 0.9.1: its engine workers and vLLM 0.23.0's CPU build, in .venv-e2e-091) and
-    deepseek (the DeepSeek launcher's default, verl 0.6.0, the Megatron actor on 2 ranks), as
-    `make e2e --runs v091,deepseek` runs them."""
+    deepseek-v091 (the DeepSeek launcher's default, verl 0.9.1: its Megatron engine on 2 ranks, vLLM 0.23.0's CPU
+    build, in the same environment), as `make e2e --runs v091,deepseek-v091` runs them."""
     proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS))
     tier_report.record_e2e("test_e2e", summary, list(CI_RUNS))
     return proc, summary, e2e_out
@@ -61,7 +61,7 @@ def e2e_default(e2e_python, e2e_python_091, e2e_out):
 @pytest.fixture(scope="session")
 def e2e_matrix(e2e_python, e2e_default, e2e_out):
     """The rest of `make e2e` on the 0.13 stack: sync, async and resume (verl 0.6.0), v071 and v071-resume (from the
-    v071 run's checkpoint), deepseek-v071."""
+    v071 run's checkpoint), deepseek (verl 0.6.0) and deepseek-v071."""
     proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(FULL_RUNS))
     tier_report.record_e2e("test_e2e", summary, list(FULL_RUNS))
     return proc, summary, e2e_out
@@ -100,6 +100,35 @@ def check_v091(proc: subprocess.CompletedProcess, summary: dict, out: Path) -> N
     assert rollout <= stale / 5, f"rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
     assert (out / "v091" / "ckpt" / "e2e_v091" / "global_step_2" / "actor").is_dir()
     assert all(c["ok"] for c in summary["checks"]), summary["checks"]
+
+
+DS_091 = "deepseek-v091"
+
+
+@pytest.mark.ci
+def test_the_deepseek_default_base_0_9_1_trains_through_the_megatron_engine(e2e_default):
+    """verl 0.9.1, the DeepSeek default (run_deepseek_r1_a3.sh --cpu on it): main_ppo's legacy trainer, the engine
+    workers with 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on 2 gloo ranks (EP=2),
+    verl's vLLM server rollout on vLLM 0.23.0's CPU build, a tiny DeepSeek-V3: 3 GRPO steps through the 0.9.1 CPU
+    tree, each logged with its reward and a non-zero gradient; every check of the run passes (steps, one forward,
+    reference, reshard bytes, policy moved, weight sync), and every sync's AlltoAllV went through collective calls
+    (ds-0206's adapter, llm_rl/deepseek_r1/verl_modules/expert_reshard.py). The gaps, the forward count and the bytes
+    per sync are the parametrized tests' below; the kill in the save and the resume: test_faults.py."""
+    proc, summary, out = e2e_default
+    assert summary, _tail(proc)
+    run = summary["runs"][DS_091]
+    assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
+    log = (out / DS_091 / "launcher.log").read_text(errors="replace")
+    assert "deepseek_r1/verl-0.9.1-cpu" in log, "the run did not use the DeepSeek 0.9.1 CPU tree"
+    rows = [json.loads(line) for line in (out / DS_091 / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3], "verl's file logger"
+    assert all("critic/score/mean" in r["data"] and r["data"]["actor/grad_norm"] > 0 for r in rows)
+    checks = {c["check"]: c for c in summary["checks"] if c["run"] == DS_091}
+    want = {"steps", "one forward", "reference", "reshard bytes", "policy moved", "weight sync"}
+    assert want <= set(checks), checks
+    assert all(c["ok"] for c in checks.values()), checks
+    assert run["reshard"] and all(r["calls"] > 0 for r in run["reshard"]), run["reshard"]
+    assert proc.returncode == 0, _tail(proc)
 
 
 @pytest.mark.full
@@ -145,7 +174,7 @@ def test_the_0_7_1_base_resumes_from_its_own_checkpoint(e2e_matrix):
     assert (out / "v071-resume" / "ckpt" / "e2e_v071-resume" / "global_step_2" / "actor").is_dir()
 
 
-@pytest.mark.parametrize("run", _full(*QWEN_RUNS, "deepseek", "deepseek-v071"))
+@pytest.mark.parametrize("run", _full(*QWEN_RUNS, DS_091, "deepseek", "deepseek-v071"))
 def test_every_run_logs_each_step_and_its_reward(request, run):
     proc, summary, out = _runs(request, run)
     assert summary, _tail(proc)
@@ -154,7 +183,7 @@ def test_every_run_logs_each_step_and_its_reward(request, run):
     assert all("critic/score/mean" in r["data"] for r in rows), f"{run}: no reward logged"
 
 
-@pytest.mark.parametrize("run", _full(*QWEN_RUNS, "deepseek", "deepseek-v071"))
+@pytest.mark.parametrize("run", _full(*QWEN_RUNS, DS_091, "deepseek", "deepseek-v071"))
 def test_vllm_samples_from_the_updated_weights(request, run):
     """At the last step the policy has moved (stale gap >= 0.01) and vLLM's gap is a fifth of that or less."""
     proc, summary, _ = _runs(request, run)
@@ -170,14 +199,16 @@ def test_vllm_samples_from_the_updated_weights(request, run):
 @pytest.mark.parametrize(
     "name, base, syncs",
     [
-        pytest.param("deepseek", "0.6.0", 3, marks=pytest.mark.ci),
+        # the DeepSeek default: 0.9.1's Megatron engine, the bytes in fp32 (the engine's dtype on CPU)
+        pytest.param(DS_091, "0.9.1", 4, marks=pytest.mark.ci),
+        pytest.param("deepseek", "0.6.0", 3, marks=pytest.mark.full),
         pytest.param("deepseek-v071", "0.7.1", 4, marks=pytest.mark.full),
     ],
 )
 def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(request, name, base, syncs):
     """main_ppo with the Megatron actor: one actor forward per step, every rank's AlltoAllV bytes per sync equal
-    to the planner's and to the model's arithmetic, the reference starting from the actor's weights. verl 0.7.1
-    (its server-mode rollout) syncs once more than 0.6.0: before step 1 and after every update."""
+    to the planner's and to the model's arithmetic, the reference starting from the actor's weights. verl 0.7.1 and
+    0.9.1 (their server-mode rollout) sync once more than 0.6.0: before step 1 and after every update."""
     proc, summary, out = _runs(request, name)
     assert summary, _tail(proc)
     run = summary["runs"][name]
@@ -196,16 +227,19 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(r
         assert r["recv_bytes"] == r["plan_recv_bytes"] == expected, r
         # two ranks: what one receives, the other sent
         assert r["sent_bytes"] == r["plan_sent_bytes"] == expected, r
+    # ds-0009 / ds-0109; on 0.9.1 the actor, the reference and vLLM load one random checkpoint
     assert run["stale_log_probs_diff_mean"][0] <= 1e-6, "the reference is not the initial actor (ds-0009)"
     assert all(c["ok"] for c in summary["checks"] if c["run"] == name), summary["checks"]
 
 
 # make test runs one negative control, on Qwen's default base; make test-full runs every run's
-@pytest.mark.parametrize("run", _full("v091", "v071", "sync", "deepseek", "deepseek-v071", ci=("v091",)))
+@pytest.mark.parametrize(
+    "run", _full("v091", "v071", "sync", DS_091, "deepseek", "deepseek-v071", ci=("v091",))
+)
 def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(request, e2e_python, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout (on 0.9.1 every sync after the first
     skipped, the harness's hook on its ServerAdapter), the same check fails."""
-    if run == "v091":
+    if run in ("v091", DS_091):
         request.getfixturevalue("e2e_python_091")  # its environment, built once per machine
     out = tmp_path / "e2e_nosync"
     proc, summary = _e2e(e2e_python, out, "--runs", run, "--disable-weight-sync")

@@ -6,9 +6,9 @@ the harness's hook pauses the step-2 save at a trainer rank's first torch.save a
 run's whole process group or only that rank, or it kills the vLLM engine's process in step 2 (verl 0.7.1's
 server; on 0.6.0's sync rollout the trainer rank that runs it), or (Qwen 0.6.0) the checkpoints sit on a
 tmpfs that step 2's save fills; then it reruns the launcher with resume_mode=auto. make test (CI) kills each
-recipe's run on its default base inside the step-2 save (CI_PLAN: Qwen on verl 0.9.1, DeepSeek on 0.6.0); make
-test-full adds a trainer rank, the engine on every base, the save on the other bases (DeepSeek's on 0.9.1 too: its
-Megatron engine) and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
+recipe's run on its default base inside the step-2 save (CI_PLAN: both on verl 0.9.1, DeepSeek's the dist checkpoint
+of its Megatron engine); make test-full adds a trainer rank, the engine on every base where it is tried, the save on
+the other bases and the full disk (FULL_PLAN); `python -m ascend_rl faults` with no options runs every kill each recipe's CPU run supports.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 # DeepSeek first: its tiny random model is quick to build, while on a fresh machine the e2e unit beside it is
 # building the Qwen runs' warm start (once per machine, under a lock this unit would otherwise wait on)
 CI_PLAN = (
-    ("deepseek_r1", "0.6.0", "group@save"),
+    # the DeepSeek default, verl 0.9.1's Megatron engine in its own environment (e2e_python_091): its dist checkpoint
+    ("deepseek_r1", "0.9.1", "group@save"),
     # the Qwen default, verl 0.9.1, in its own environment (e2e_python_091): the engine workers' save
     ("qwen2_5", "0.9.1", "group@save"),
 )
@@ -38,10 +39,8 @@ FULL_PLAN = (
     # the vLLM 0.23 server's engine
     ("qwen2_5", "0.9.1", "engine@step2"),
     # on verl 0.6.0's sync rollout the engine runs inside a trainer rank: its kill is also the dead trainer rank
-    ("deepseek_r1", "0.6.0", "engine@step2"),
+    ("deepseek_r1", "0.6.0", "group@save,engine@step2"),
     ("deepseek_r1", "0.7.1", "group@save,engine@step2"),
-    # verl 0.9.1's Megatron engine (its environment, e2e_python_091): the dist checkpoint of the engine workers' save
-    ("deepseek_r1", "0.9.1", "group@save"),
 )
 PLANS = {"ci": CI_PLAN, "full": FULL_PLAN}
 

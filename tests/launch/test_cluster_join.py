@@ -32,12 +32,15 @@ MASTER_PORT = 29500  # inside node1's own network namespace: nothing else of the
 STEP_S = 120  # a hang, not a measurement
 
 # A user's fresh shell on a node: no venv on PATH, no PYTHON; the cluster interface named as the README says.
+# verl 0.6.0, named: the e2e environment's stack (e2e_python), whose Ray the script finds; the recipe's default base,
+# 0.9.1, would take .venv-e2e-091's and offer Ray's GPU resource too (test_ray_start.py).
 NODE_ENV = {
     "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": os.environ.get("HOME", "/root"),
     "LANG": "C.UTF-8",
     "SOCKET_IFNAME": "eth0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    "VERL_BASE": "0.6.0",
 }
 
 # The driver, on the head node: attaches to the cluster ray_start.sh made (through the node's own Ray folder),

@@ -84,7 +84,8 @@ def test_no_python_with_the_stack_is_one_line(tmp_path):
     [
         ("qwen2_5", "", ".venv-e2e-091"),  # no base named: the recipe's default_base, verl 0.9.1's stack
         ("qwen2_5", "0.7.1", ".venv-e2e"),
-        ("deepseek_r1", "", ".venv-e2e"),  # its default, 0.6.0
+        ("deepseek_r1", "", ".venv-e2e-091"),  # its default, 0.9.1
+        ("deepseek_r1", "0.6.0", ".venv-e2e"),
         ("deepseek_r1", "0.9.1", ".venv-e2e-091"),
     ],
 )

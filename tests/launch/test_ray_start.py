@@ -53,13 +53,14 @@ def _finds_hydra(python: str) -> bool:
 
 
 def test_ray_start_finds_its_python_and_that_pythons_ray_without_a_venv_on_path():
-    # scripts/find_python.sh's order for the CPU profile: python3 on PATH, .venv-e2e, .venv (the first with hydra)
+    # scripts/find_python.sh's order for the CPU profile: python3 on PATH, .venv-e2e, .venv (the first with hydra), on
+    # verl 0.6.0 (VERL_BASE; the recipe's default, 0.9.1, takes .venv-e2e-091 there: tests/launch/test_preflight.py)
     on_path = subprocess.run(
         ["bash", "-c", "command -v python3"], capture_output=True, text=True, env={"PATH": BARE_PATH}
     )
     candidates = [on_path.stdout.strip(), str(REPO / ".venv-e2e/bin/python"), str(REPO / ".venv/bin/python")]
     expected = next(c for c in candidates if c and Path(c).exists() and _finds_hydra(c))
-    argv = _command(_ray_start(["--cpu", "--head", "--nodes", "2", "--dry-run"]))
+    argv = _command(_ray_start(["--cpu", "--head", "--nodes", "2", "--dry-run"], VERL_BASE="0.6.0"))
     assert argv[0] == str(Path(expected).parent / "ray") and argv[1] == "start", argv
     # PYTHON names it outright
     argv = _command(_ray_start(["--worker", "10.1.2.3", "--dry-run"], PYTHON=sys.executable))
@@ -76,7 +77,10 @@ def test_cpu_node_offers_cpu_resource_small_store_no_dashboard_and_npu_node_is_u
         "--port=6379",
         "--dashboard-host=0.0.0.0",
     ]
-    cpu = _command(_ray_start(["--cpu", "--head", "--nodes", "2", "--dry-run"], PYTHON=sys.executable))
+    # a CPU node on verl 0.6.0 (0.9.1, the default base, adds Ray's GPU resource: the test below)
+    cpu = _command(
+        _ray_start(["--cpu", "--head", "--nodes", "2", "--dry-run"], PYTHON=sys.executable, VERL_BASE="0.6.0")
+    )
     assert cpu[1:] == [
         "start",
         "--node-ip-address=127.0.0.1",
@@ -93,6 +97,7 @@ def test_cpu_node_offers_cpu_resource_small_store_no_dashboard_and_npu_node_is_u
             PYTHON=sys.executable,
             PROFILE="cpu",
             NPUS_PER_NODE="2",
+            VERL_BASE="0.6.0",
         )
     )
     assert worker[1:] == [

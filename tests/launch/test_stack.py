@@ -312,9 +312,11 @@ def test_installer_pins_each_base_with_its_own_constraints():
 
 
 def test_installer_installs_the_megatron_stack_for_deepseek_only(tmp_path):
+    """The seed's Megatron order on the stack constraints.txt pins (verl 0.6.0, named: the recipe's default base,
+    0.9.1, installs under constraints-0.9.1.txt, test_the_deepseek_installer_takes_only_the_extras_its_stack_pins)."""
     url, commit = check_stack.read_git_sources(CONSTRAINTS)["mindspeed"]
     where = tmp_path / "ms"
-    env = dict(os.environ, MINDSPEED_DIR=str(where))
+    env = dict(os.environ, MINDSPEED_DIR=str(where), VERL_BASE="0.6.0")
     cmds = _installer_commands("--recipe", "deepseek_r1", env=env)
 
     def at(pred) -> int:

@@ -386,19 +386,25 @@ def test_python_without_tomllib_gets_one_line(tmp_path):
 
 
 def test_status_names_another_recipes_series_on_the_tree(verl_tree):
-    assert cli("apply", "deepseek_r1", "--target", verl_tree).returncode == 0
+    # DeepSeek's 0.6.0 series, named (its default base is 0.9.1): the status names it with its base, and so does the
+    # revert it suggests
+    assert cli("apply", "deepseek_r1", "--base", "0.6.0", "--target", verl_tree).returncode == 0
     status = cli("status", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
     assert status.returncode == 1 and "conflicting" in status.stdout
     n = len(overlay.load_recipe("deepseek_r1", "0.6.0").series)
-    assert f"this tree carries recipe deepseek_r1's series ({n} of {n} patches applied)" in status.stdout
     assert (
-        f"(python3 -m ascend_rl overlay revert deepseek_r1 --target {verl_tree.resolve()})" in status.stdout
+        f"this tree carries recipe deepseek_r1 --base 0.6.0's series ({n} of {n} patches applied)"
+        in status.stdout
+    )
+    assert (
+        f"(python3 -m ascend_rl overlay revert deepseek_r1 --base 0.6.0 --target {verl_tree.resolve()})"
+        in status.stdout
     )
     refused = cli("apply", "qwen2_5", "--base", "0.6.0", "--target", verl_tree)
-    assert refused.returncode == 1 and "carries recipe deepseek_r1's series" in refused.stderr
+    assert refused.returncode == 1 and "carries recipe deepseek_r1 --base 0.6.0's series" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
     # On its own recipe's tree nothing foreign is reported.
-    assert "carries" not in cli("status", "deepseek_r1", "--target", verl_tree).stdout
+    assert "carries" not in cli("status", "deepseek_r1", "--base", "0.6.0", "--target", verl_tree).stdout
 
 
 def test_status_on_the_default_base_names_the_series_not_local_edits(base_tree):

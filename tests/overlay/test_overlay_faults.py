@@ -1,6 +1,8 @@
 """The overlay tool under faults, on the DeepSeek series over the real verl 0.6.0 sdist: killed at
 every file boundary and at random moments, run twice at once, refused on a local edit, a full disk,
-a closed pipe. Every outcome is checked byte for byte against a clean apply or the pristine tree."""
+a closed pipe. Every outcome is checked byte for byte against a clean apply or the pristine tree. Every command
+names --base 0.6.0 (the recipe's default base is 0.9.1: on a 0.6.0 tree it would say so in a line of its own, and
+fetch would fetch 0.9.1)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ascend_rl import journal, overlay
 from ascend_rl.cli import overlay as overlay_cli
 
 DEEPSEEK = overlay.load_recipe("deepseek_r1", "0.6.0")
+DS = ("deepseek_r1", "--base", "0.6.0")  # the recipe and its base on every command line
 SERIES = overlay.load_series(DEEPSEEK)
 TOUCHED = sorted({fp.path for patch in SERIES for fp in patch.files})
 CONTROL = (journal.LOCK_NAME, journal.TXN_NAME, journal.TXN_PREP)
@@ -84,7 +87,7 @@ def each_file_is_old_or_new(tree: Path, refs: dict[str, Path]) -> None:
 
 def status_of(tree: Path, capsys) -> tuple[int, str]:
     capsys.readouterr()
-    code = overlay_cli.main(["status", "deepseek_r1", "--target", str(tree)])
+    code = overlay_cli.main(["status", *DS, "--target", str(tree)])
     return code, capsys.readouterr().out
 
 
@@ -96,7 +99,7 @@ def check_killed_then_recovered(tree, refs, hashes, start, capsys, verb_for) -> 
     while True:
         n += 1
         reset(tree, refs[start])
-        code = run_dying([first, "deepseek_r1", "--target", tree], n)
+        code = run_dying([first, *DS, "--target", tree], n)
         if code is not None:  # ran out of operations to stop after: it finished by itself
             assert code == 0
             assert tree_hash(tree) == hashes["patched" if first == "apply" else "pristine"]
@@ -118,7 +121,7 @@ def check_killed_then_recovered(tree, refs, hashes, start, capsys, verb_for) -> 
         elif (tree / journal.TXN_NAME).exists():  # killed while removing the spent journal
             assert code == 0 and "leftovers of an interrupted overlay command" in out, out
         verb = verb_for(n)
-        assert overlay_cli.main([verb, "deepseek_r1", "--target", str(tree)]) == 0, n
+        assert overlay_cli.main([verb, *DS, "--target", str(tree)]) == 0, n
         want = "patched" if verb == "apply" else "pristine"
         assert tree_hash(tree) == hashes[want], f"kill at step {n}, then {verb}: not a clean {want} tree"
 
@@ -150,15 +153,15 @@ def test_recovery_killed_at_every_file_boundary(verl_tree, refs, hashes):
     while True:
         m += 1
         reset(verl_tree, refs["pristine"])
-        assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], staged_and_committed + 3) is None
+        assert run_dying(["apply", *DS, "--target", verl_tree], staged_and_committed + 3) is None
         assert (verl_tree / journal.TXN_NAME).is_dir()
-        code = run_dying(["apply", "deepseek_r1", "--target", verl_tree], m)
+        code = run_dying(["apply", *DS, "--target", verl_tree], m)
         if code is not None:  # the recovery and the (empty) apply after it ran to the end
             assert code == 0 and tree_hash(verl_tree) == hashes["patched"]
             break
         each_file_is_old_or_new(verl_tree, refs)
         verb = ("apply", "revert")[m % 2]
-        assert overlay_cli.main([verb, "deepseek_r1", "--target", str(verl_tree)]) == 0
+        assert overlay_cli.main([verb, *DS, "--target", str(verl_tree)]) == 0
         want = "patched" if verb == "apply" else "pristine"
         assert tree_hash(verl_tree) == hashes[want], f"recovery killed at step {m}, then {verb}"
     # 3 files were in place: the rest, then the journal and its folder, each a place to stop.
@@ -172,10 +175,10 @@ def test_killed_apply_keeps_file_modes(verl_tree, refs):
     (verl_tree / existing).chmod(0o750)
     old_umask = os.umask(0o027)
     try:
-        assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 3) is None
+        assert run_dying(["apply", *DS, "--target", verl_tree], len(TOUCHED) + 3) is None
     finally:
         os.umask(old_umask)
-    assert overlay_cli.main(["apply", "deepseek_r1", "--target", str(verl_tree)]) == 0
+    assert overlay_cli.main(["apply", *DS, "--target", str(verl_tree)]) == 0
     assert (verl_tree / existing).read_bytes() == (refs["patched"] / existing).read_bytes()
     assert (verl_tree / existing).stat().st_mode & 0o7777 == 0o750
     assert (verl_tree / new).stat().st_mode & 0o7777 == 0o640
@@ -195,15 +198,15 @@ def umask_cli(mask: int, *args) -> subprocess.CompletedProcess:
 def test_modes_follow_the_umask_and_survive_replacement(verl_tree, mask):
     existing, new = "verl/workers/fsdp_workers.py", "verl/utils/explicit_offload.py"
     (verl_tree / existing).chmod(0o755)
-    assert umask_cli(mask, "apply", "deepseek_r1", "--target", verl_tree).returncode == 0
+    assert umask_cli(mask, "apply", *DS, "--target", verl_tree).returncode == 0
     assert (verl_tree / new).stat().st_mode & 0o7777 == 0o666 & ~mask
     assert (verl_tree / existing).stat().st_mode & 0o7777 == 0o755
-    assert umask_cli(mask, "revert", "deepseek_r1", "--target", verl_tree).returncode == 0
+    assert umask_cli(mask, "revert", *DS, "--target", verl_tree).returncode == 0
     assert (verl_tree / existing).stat().st_mode & 0o7777 == 0o755
 
 
 def test_changed_file_after_a_kill_is_refused_not_overwritten(verl_tree, refs):
-    assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 3) is None
+    assert run_dying(["apply", *DS, "--target", verl_tree], len(TOUCHED) + 3) is None
     pending = journal.read_pending(verl_tree)
     assert pending is not None and pending.todo
     victim = pending.todo[-1]["path"]
@@ -211,33 +214,33 @@ def test_changed_file_after_a_kill_is_refused_not_overwritten(verl_tree, refs):
     before = tree_hash(verl_tree)
     before.pop(journal.LOCK_NAME)
     for verb in ("apply", "revert"):
-        proc = cli(verb, "deepseek_r1", "--target", verl_tree)
+        proc = cli(verb, *DS, "--target", verl_tree)
         assert proc.returncode == 1, proc.stdout
         err = proc.stderr.strip().splitlines()
         assert len(err) == 1 and victim in err[0] and str(verl_tree / journal.TXN_NAME) in err[0], err
         assert tree_hash(verl_tree) == before
-    status = cli("status", "deepseek_r1", "--target", verl_tree)
+    status = cli("status", *DS, "--target", verl_tree)
     assert status.returncode == 1 and victim in status.stdout and "will refuse" in status.stdout
 
 
 def test_fetch_onto_an_interrupted_tree_finishes_it(verl_tree, hashes):
-    assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 5) is None
-    proc = cli("fetch", "deepseek_r1", "--dest", verl_tree)
+    assert run_dying(["apply", *DS, "--target", verl_tree], len(TOUCHED) + 5) is None
+    proc = cli("fetch", *DS, "--dest", verl_tree)
     assert proc.returncode == 0, proc.stderr
     assert "completed an interrupted apply" in proc.stdout and "nothing to fetch" in proc.stdout
     assert tree_hash(verl_tree) == hashes["patched"]
 
 
 def test_dry_run_on_an_interrupted_tree_changes_nothing(verl_tree, hashes):
-    assert run_dying(["apply", "deepseek_r1", "--target", verl_tree], len(TOUCHED) + 6) is None
+    assert run_dying(["apply", *DS, "--target", verl_tree], len(TOUCHED) + 6) is None
     before = tree_hash(verl_tree)
     before.pop(journal.LOCK_NAME)
-    proc = cli("revert", "deepseek_r1", "--target", verl_tree, "--dry-run")
+    proc = cli("revert", *DS, "--target", verl_tree, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "a real run completes the apply first" in proc.stdout
     assert f"reverted {len(SERIES)} of {len(SERIES)}" in proc.stdout
     assert tree_hash(verl_tree) == before
-    applied = cli("apply", "deepseek_r1", "--target", verl_tree, "--dry-run")
+    applied = cli("apply", *DS, "--target", verl_tree, "--dry-run")
     assert applied.returncode == 0 and "nothing to do" in applied.stdout
     assert tree_hash(verl_tree) == before
 
@@ -262,11 +265,11 @@ def test_killed_from_outside_at_random_moments(verl_tree, refs, hashes, verb):
     rng = random.Random(13)
     reset(verl_tree, refs[start])
     clock = time.monotonic()
-    assert cli(verb, "deepseek_r1", "--target", verl_tree).returncode == 0
+    assert cli(verb, *DS, "--target", verl_tree).returncode == 0
     span = time.monotonic() - clock  # only to spread the kills over a run; nothing asserts on it
     for attempt in range(12):
         reset(verl_tree, refs[start])
-        proc = popen(verb, "deepseek_r1", "--target", verl_tree)
+        proc = popen(verb, *DS, "--target", verl_tree)
         # Anywhere in the run; while files are staged; while they are renamed into place.
         mode = attempt % 3
         if mode:
@@ -278,7 +281,7 @@ def test_killed_from_outside_at_random_moments(verl_tree, refs, hashes, verb):
         proc.communicate()
         each_file_is_old_or_new(verl_tree, refs)
         after = ("apply", "revert")[attempt % 4 // 2]
-        assert cli(after, "deepseek_r1", "--target", verl_tree).returncode == 0
+        assert cli(after, *DS, "--target", verl_tree).returncode == 0
         want = "patched" if after == "apply" else "pristine"
         assert tree_hash(verl_tree) == hashes[want], f"attempt {attempt}: {verb} killed, then {after}"
 
@@ -289,7 +292,7 @@ def test_killed_from_outside_at_random_moments(verl_tree, refs, hashes, verb):
 def test_two_reverts_at_once_are_serialized(verl_tree, refs, hashes):
     for _ in range(3):
         reset(verl_tree, refs["patched"])
-        procs = [popen("revert", "deepseek_r1", "--target", verl_tree) for _ in range(2)]
+        procs = [popen("revert", *DS, "--target", verl_tree) for _ in range(2)]
         outs = [p.communicate() for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
         said = [out for out, _ in outs]
@@ -301,7 +304,7 @@ def test_two_reverts_at_once_are_serialized(verl_tree, refs, hashes):
 def test_apply_and_revert_at_once_end_in_one_clean_tree(verl_tree, refs, hashes):
     for _ in range(3):
         reset(verl_tree, refs["pristine"])
-        procs = [popen(verb, "deepseek_r1", "--target", verl_tree) for verb in ("apply", "revert", "apply")]
+        procs = [popen(verb, *DS, "--target", verl_tree) for verb in ("apply", "revert", "apply")]
         outs = [p.communicate() for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0], outs
         assert tree_hash(verl_tree) in (hashes["pristine"], hashes["patched"])
@@ -309,7 +312,7 @@ def test_apply_and_revert_at_once_end_in_one_clean_tree(verl_tree, refs, hashes)
 
 def test_two_fetches_at_once_leave_one_pinned_tree(tmp_path, hashes):
     dest = tmp_path / "fetched"
-    procs = [popen("fetch", "deepseek_r1", "--source", "sdist", "--dest", dest) for _ in range(2)]
+    procs = [popen("fetch", *DS, "--source", "sdist", "--dest", dest) for _ in range(2)]
     outs = [p.communicate() for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert sum("nothing to fetch" in out for out, _ in outs) == 1, outs
@@ -320,7 +323,7 @@ def test_two_fetches_at_once_leave_one_pinned_tree(tmp_path, hashes):
 def test_a_held_lock_makes_the_second_command_wait(verl_tree, refs, hashes):
     reset(verl_tree, refs["patched"])
     with journal.tree_lock(verl_tree.resolve(), wait=0):
-        proc = popen("revert", "deepseek_r1", "--target", verl_tree, "--wait", "300")
+        proc = popen("revert", *DS, "--target", verl_tree, "--wait", "300")
         line = proc.stderr.readline()
         assert "waiting for another overlay command" in line and f"pid {os.getpid()}" in line, line
         assert proc.poll() is None
@@ -337,7 +340,7 @@ def test_a_held_lock_refuses_after_the_wait_in_one_line(verl_tree, refs, wait):
     reset(verl_tree, refs["patched"])
     with journal.tree_lock(verl_tree.resolve(), wait=0):
         before = tree_hash(verl_tree)
-        proc = cli("revert", "deepseek_r1", "--target", verl_tree, "--wait", wait)
+        proc = cli("revert", *DS, "--target", verl_tree, "--wait", wait)
         assert tree_hash(verl_tree) == before
     assert proc.returncode == 1
     err = proc.stderr.strip().splitlines()
@@ -374,7 +377,7 @@ def test_revert_with_a_local_edit_in_a_patched_line_changes_nothing(verl_tree, r
     (verl_tree / rel).write_bytes(text.replace(line, line.rstrip(b"\r\n") + b"  # local edit\n"))
     before = tree_hash(verl_tree)
     for extra in ([], ["--dry-run"]):
-        proc = cli("revert", "deepseek_r1", "--target", verl_tree, *extra)
+        proc = cli("revert", *DS, "--target", verl_tree, *extra)
         assert proc.returncode == 1, proc.stdout
         err = proc.stderr.strip().splitlines()
         assert len(err) == 1, err
@@ -384,14 +387,14 @@ def test_revert_with_a_local_edit_in_a_patched_line_changes_nothing(verl_tree, r
         assert tree_hash(verl_tree) == before
     # Put the line back and the revert goes through, all of it.
     (verl_tree / rel).write_bytes(text)
-    assert cli("revert", "deepseek_r1", "--target", verl_tree).returncode == 0
+    assert cli("revert", *DS, "--target", verl_tree).returncode == 0
 
 
 def test_revert_keeps_a_local_edit_outside_every_patch(verl_tree, refs, hashes):
     reset(verl_tree, refs["patched"])
     with open(verl_tree / "verl/__init__.py", "a") as fh:
         fh.write("# local edit, no patch touches this file\n")
-    proc = cli("revert", "deepseek_r1", "--target", verl_tree)
+    proc = cli("revert", *DS, "--target", verl_tree)
     assert proc.returncode == 0 and f"reverted {len(SERIES)} of {len(SERIES)}" in proc.stdout
     now = tree_hash(verl_tree)
     assert now.pop("verl/__init__.py") != hashes["pristine"]["verl/__init__.py"]
@@ -412,7 +415,7 @@ def test_full_file_limit_refuses_with_the_file_and_leaves_nothing(verl_tree, ref
 
     before = tree_hash(verl_tree)
     proc = subprocess.run(
-        [sys.executable, "-m", "ascend_rl", "overlay", "apply", "deepseek_r1", "--target", str(verl_tree)],
+        [sys.executable, "-m", "ascend_rl", "overlay", "apply", *DS, "--target", str(verl_tree)],
         capture_output=True,
         text=True,
         preexec_fn=small_files,
@@ -452,7 +455,7 @@ def test_closed_stdout_is_a_clean_exit_and_the_work_is_done(verl_tree, hashes):
         read, write = os.pipe()
         os.close(read)  # nobody will read: the first line written fails with EPIPE
         proc = subprocess.run(
-            [sys.executable, "-m", "ascend_rl", "overlay", *args, "deepseek_r1", "--target", str(verl_tree)],
+            [sys.executable, "-m", "ascend_rl", "overlay", *args, *DS, "--target", str(verl_tree)],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
@@ -509,7 +512,7 @@ with open(filler, "wb") as fh:
     except OSError:
         pass
 os.truncate(filler, max(filler.stat().st_size - 16 * 4096, 0))
-apply = [sys.executable, "-m", tool, "apply", "deepseek_r1", "--target", str(tree)]
+apply = [sys.executable, "-m", tool, "apply", "deepseek_r1", "--base", "0.6.0", "--target", str(tree)]
 full = subprocess.run(apply, capture_output=True, text=True)
 out = {"rc": full.returncode, "err": full.stderr, "after_full": hashes()}
 filler.unlink()

@@ -236,6 +236,8 @@ def test_overlay_status_names_each_patch_by_identifier(pristine_verl: Path) -> N
             "overlay",
             "status",
             "deepseek_r1",
+            "--base",
+            "0.6.0",  # the fixture's tree (the recipe's default base is 0.9.1)
             "--target",
             str(pristine_verl),
         ],
@@ -244,7 +246,7 @@ def test_overlay_status_names_each_patch_by_identifier(pristine_verl: Path) -> N
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ")]
-    assert [r[1] for r in rows] == [patchdoc.patch_id(p) for p in patchdoc.series("deepseek_r1")]
+    assert [r[1] for r in rows] == [patchdoc.patch_id(p) for p in patchdoc.series("deepseek_r1@0.6.0")]
 
 
 def test_cli_help_and_one_line_errors() -> None:
