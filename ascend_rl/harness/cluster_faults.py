@@ -94,14 +94,20 @@ for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
 """
 
 
+# The verl base the start-up kinds' nodes resolve (ray_start.sh reads VERL_BASE): the Python they run (--python, the
+# 0.13 stack's .venv-e2e in the tests) is 0.6.0's, not the recipe's default base's (0.9.1, a stack of its own).
+STARTUP_BASE = "0.6.0"
+
+
 def node_env(python: str, **extra: str) -> dict[str, str]:
     """A user's fresh shell on a node: no venv on PATH; the Python with Ray named (PYTHON), the cluster's
-    interface named as the README says."""
+    interface named as the README says, the base named (STARTUP_BASE unless `extra` says another)."""
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
         "PYTHON": python,
+        "VERL_BASE": STARTUP_BASE,
         "PYTHONPATH": str(REPO),
         "SOCKET_IFNAME": "eth0",
         "RAY_USAGE_STATS_ENABLED": "0",
@@ -436,8 +442,8 @@ def run_kinds(kinds: list[str], python: str, wait_s: float, pending_s: float, ro
     from ascend_rl.harness.multinode import cache_for_nodes
 
     cache_for_nodes(
-        None, megatron=False
-    )  # ray_start.sh makes the default base's tree in a node (no index there)
+        STARTUP_BASE, megatron=False
+    )  # ray_start.sh makes the base's tree in a node (no index there)
     if "ifname" in kinds:
         with_cluster(f"{tag}-if", 1, lambda cl: add("ifname", fault_ifname(cl, python)))
     rest = [k for k in KINDS[1:] if k in kinds]

@@ -26,6 +26,7 @@ NODE_ENV = {
     "LANG": "C.UTF-8",
     "SOCKET_IFNAME": "eth0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    "VERL_BASE": "0.6.0",  # the e2e environment's stack (e2e_python), not the recipe's default base (0.9.1)
 }
 
 DRIVER = {
@@ -98,8 +99,9 @@ def _wait(cl: lib.Cluster, python: str, nodes: int, verl: str) -> subprocess.Com
 
 @needs_cluster
 @pytest.mark.ci
-def test_the_head_refuses_a_node_whose_ray_runs_another_python(tmp_path, e2e_python, pristine_verl):
-    e2e, dev, verl = str(e2e_python), sys.executable, str(pristine_verl)
+def test_the_head_refuses_a_node_whose_ray_runs_another_python(tmp_path, e2e_python, base_tree):
+    # a tree of the test's own: ray_start.sh makes VERL_DIR ready on its node (the series applied), as the launcher does
+    e2e, dev, verl = str(e2e_python), sys.executable, str(base_tree("0.6.0"))
     # every node on the job's Python: the wait passes and says what they run
     with lib.Cluster(f"e{os.getpid()}", 1, root=tmp_path / "one") as cl:
         head = _start(cl, "node1", e2e, verl, "--head", "--nodes", "1")
