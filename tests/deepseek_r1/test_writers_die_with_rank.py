@@ -1,7 +1,7 @@
-"""writers_die_with_rank (ds-0211's module) on its own, no verl: a process that called install() and is SIGKILLed takes
-its forks with it, two levels deep as megatron-core's async save forks (a caller that forks the writers); the
-control, the same process without install(), leaves them running. An exec'd child (subprocess) is not affected, as
-the module says. The same on verl 0.9.1's real save: test_ckpt_writers_091.py."""
+"""writers_die_with_rank (the module ds-0011, ds-0111 and ds-0211 install) on its own, no verl: a process that called
+install() and is SIGKILLed takes its forks with it, two levels deep as megatron-core's async save forks (a caller that
+forks the writers); the control, the same process without install(), leaves them running. An exec'd child
+(subprocess) is not affected, as the module says. The same on verl 0.9.1's real save: test_ckpt_writers_091.py."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""A trainer rank's forked checkpoint writers die with it (patch ds-0211; installed as
-verl/utils/megatron/writers_die_with_rank.py and called from verl/utils/megatron/dist_checkpointing.py).
+"""A trainer rank's forked checkpoint writers die with it (patches ds-0011, ds-0111 and ds-0211, for verl 0.6.0, 0.7.1
+and 0.9.1; each installs it as verl/utils/megatron/writers_die_with_rank.py and calls it from
+verl/utils/megatron/dist_checkpointing.py).
 
 megatron-core writes a distributed checkpoint from processes it forks from the trainer rank: the save's writers
 (FileSystemWriterAsync.write_preloaded_data_multiproc, fork context, run in the rank itself by a synchronous save)
