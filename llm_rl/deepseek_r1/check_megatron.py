@@ -105,7 +105,8 @@ def prepare(work: Path, tree: Path | None) -> tuple[Path, Path, Path]:
     """(the patched verl tree: `tree` if given, else built in work; the Megatron packages; the checkpoint)."""
     from ascend_rl import artifacts, overlay
 
-    recipe = overlay.load_recipe("deepseek_r1")
+    # verl 0.6.0, named: this check's stack is its (megatron-core 0.12.1, vLLM 0.13), not the default base's
+    recipe = overlay.load_recipe("deepseek_r1", "0.6.0")
     try:
         artifacts.verl_sdist(
             recipe.version, recipe.sdist_sha256

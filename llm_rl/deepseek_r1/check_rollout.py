@@ -118,7 +118,8 @@ def prepare_trees(work: Path, with_overlay: str | None) -> tuple[Path, Path | No
     `with_overlay`, the series plus that overlay, else None; the series without the token-budget patch)."""
     from ascend_rl import artifacts, overlay
 
-    recipe = overlay.load_recipe("deepseek_r1")
+    # verl 0.6.0, named: this check's stack is its (megatron-core 0.12.1, vLLM 0.13), not the default base's
+    recipe = overlay.load_recipe("deepseek_r1", "0.6.0")
     without_budget = dataclasses.replace(
         recipe,
         series=tuple(
@@ -148,6 +149,7 @@ def launcher_overrides(dry_run_tree: Path, model_dir: Path, work: Path) -> list[
     env = dict(os.environ)
     env.update(
         PYTHON=sys.executable,
+        VERL_BASE="0.6.0",  # the base of the trees prepare_trees built (this check's stack)
         VERL_DIR=str(dry_run_tree),
         MODEL_DIR=str(model_dir),
         LOG_DIR=str(work / "run_log"),
