@@ -64,16 +64,13 @@ def _prepare_tree(launch: manifest.Launch, verl_dir: Path, dry_run: bool) -> int
     """The tree made ready (or, on a dry run, what would be done to it), in one line on stdout; a refusal in one
     line on stderr, exit 1."""
     from ascend_rl.preflight.report import PreflightError
-    from ascend_rl.preflight.tree import plan_tree, prepare_tree
+    from ascend_rl.preflight.tree import fetch_change, plan_tree, prepare_tree
 
     try:
-        if dry_run and not (verl_dir / launch.recipe.project / "__init__.py").is_file():
-            # what the fetch would be, without fetching the sdist to check the series on a copy (the launcher's
-            # dry run does that)
-            print(
-                f"verl tree: would fetch verl {launch.base} into {verl_dir} "
-                f"and apply the {len(launch.recipe.series)} patches of {launch.recipe.name.replace('+', ' --with ')}"
-            )
+        fetch = fetch_change(launch, verl_dir) if dry_run else None
+        if fetch:
+            # said without fetching the sdist to check the series on a copy (the launcher's dry run does that)
+            print(f"verl tree: would {fetch}")
         elif dry_run:
             with tempfile.TemporaryDirectory(prefix="resolve-tree-") as scratch:
                 plan = plan_tree(launch, verl_dir, Path(scratch))

@@ -441,9 +441,8 @@ def run_kinds(kinds: list[str], python: str, wait_s: float, pending_s: float, ro
 
     from ascend_rl.harness.multinode import cache_for_nodes
 
-    cache_for_nodes(
-        STARTUP_BASE, megatron=False
-    )  # ray_start.sh makes the base's tree in a node (no index there)
+    # ray_start.sh makes the base's verl tree in a node, which reaches no index
+    cache_for_nodes(STARTUP_BASE, megatron=False)
     if "ifname" in kinds:
         with_cluster(f"{tag}-if", 1, lambda cl: add("ifname", fault_ifname(cl, python)))
     rest = [k for k in KINDS[1:] if k in kinds]

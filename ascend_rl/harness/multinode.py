@@ -176,8 +176,8 @@ def cache_for_nodes(base: str | None, megatron: bool = True) -> None:
 
 def start_ray(cl: lib.Cluster, base: str | None, log_path: Path, repo: Path) -> dict[str, float]:
     """ray_start.sh on every node as the README says: the head first (it waits for all nodes), then each worker;
-    each makes the verl tree ready first (from the cached sdist when absent: cache_for_nodes). Both scripts' output goes to log_path.
-    Returns the seconds each part took; a failure is one HarnessError line."""
+    each makes the verl tree ready first (from the cached sdist when absent: cache_for_nodes). Both scripts' output
+    goes to log_path. Returns the seconds each part took; a failure is one HarnessError line."""
     cache_for_nodes(base)
     nodes = len(cl.nodes)
     head_ip = cl.address("node1")

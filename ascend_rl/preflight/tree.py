@@ -37,6 +37,17 @@ def _disposable(launch: Launch, verl_dir: Path) -> bool:
     return launch.disposable and verl_dir.resolve() == launch.verl_dir.resolve()
 
 
+def fetch_change(launch: Launch, verl_dir: Path) -> str | None:
+    """What a real launch does first to `verl_dir` when it holds no verl package yet (None: it holds one)."""
+    if (verl_dir / "verl" / "__init__.py").is_file():
+        return None
+    spec = launch.recipe
+    return (
+        f"fetch verl {spec.version} into {verl_dir} and apply the {len(spec.series)} patches of "
+        f"{_named(launch)} (verl {spec.version})"
+    )
+
+
 def plan_tree(launch: Launch, verl_dir: Path, scratch: Path) -> TreePlan:
     """What the launch's tree needs (fetch, patches, a rebuild) and a patched view of it, writing only under
     `scratch`: the tree itself when the series is on it, else a copy of its verl/ package (or the pinned sdist,
@@ -46,8 +57,8 @@ def plan_tree(launch: Launch, verl_dir: Path, scratch: Path) -> TreePlan:
     named = f"{_named(launch)} (verl {spec.version})"
     quiet = lambda message: None  # noqa: E731 (what the overlay says about the scratch copy is nobody's business)
     try:
-        if not (verl_dir / "verl" / "__init__.py").is_file():
-            change = f"fetch verl {spec.version} into {verl_dir} and apply the {len(spec.series)} patches of {named}"
+        change = fetch_change(launch, verl_dir)
+        if change:
             detail = f"{verl_dir} (absent: a real launch fetches it)"
         else:
             try:
