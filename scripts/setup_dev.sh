@@ -27,22 +27,20 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python"
   exit 0
 fi
 
+setup_start=$SECONDS
 [ -x "$VENV/bin/python" ] || { echo "setup: creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 PY="$VENV/bin/python"
 # The CPU-safe part of the stack pins: torch/torch_npu/vllm stay NPU-host only.
 cpu_pins=$(mktemp)
 log=$(mktemp)
 trap 'rm -f "$cpu_pins" "$log"' EXIT
-pip_install() {
-  if ! "$PY" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
-    grep -v "^WARNING: Location" "$log" | tail -20 >&2
-    echo "setup: pip install $* failed (see above); check the network and run again" >&2
-    exit 1
-  fi
-}
+# Each pip step runs quietly into $log with a line every 30 s (how long, how big .venv is): scripts/step.sh.
+STEP_TAG=setup STEP_DIR=$VENV STEP_LOG=$log
+# shellcheck source=scripts/step.sh
+source scripts/step.sh
+pip_install() { step "$1" "$PY" -m pip install -q --disable-pip-version-check "${@:2}"; }
 grep -E '^(transformers|ray|sympy)==' constraints.txt > "$cpu_pins"
-echo "setup: installing requirements-dev.txt (a few minutes the first time)"
-pip_install -r requirements-dev.txt -c "$cpu_pins"
+pip_install "installing requirements-dev.txt (~1.9 GB, a few minutes the first time)" -r requirements-dev.txt -c "$cpu_pins"
 
 sdist=$("$PY" - <<'PY'
 import sys, tomllib
@@ -53,9 +51,8 @@ pin = tomllib.load(open("llm_rl/qwen2_5/recipe.toml", "rb"))["bases"]["0.6.0"]
 print(artifacts.verl_sdist("0.6.0", pin["sdist_sha256"]))
 PY
 )
-echo "setup: installing verl from $(basename "$sdist") (--no-deps)"
-pip_install --no-deps --force-reinstall "$sdist"
-echo "setup: installing this repository's package (ascend_rl, editable)"
-pip_install --no-deps -e .
+pip_install "installing verl from $(basename "$sdist") (--no-deps)" --no-deps --force-reinstall "$sdist"
+pip_install "installing this repository's package (ascend_rl, editable)" --no-deps -e .
 "$PY" -c 'import verl, torch, transformers; print(f"setup: verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
 echo "$want" > "$stamp"
+echo "setup: done in $((SECONDS - setup_start)) s; $VENV is $(du -sh "$VENV" | cut -f1)"

@@ -89,30 +89,11 @@ log=$(mktemp)
 pins=$(mktemp)
 trap 'rm -f "$log" "$pins"' EXIT
 stack_pins > "$pins"
-# A step runs quietly into $log, with a line every SETUP_HEARTBEAT_S seconds (30) while it goes: how long so far and
-# how big the environment has grown (the torch step is ~3 GB of downloads, minutes of silence otherwise).
-step() {
-  echo "setup-e2e: $1"
-  shift
-  local pid rc=0 start=$SECONDS every="${SETUP_HEARTBEAT_S:-30}"
-  local next=$((start + every))
-  "$@" >"$log" 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if [ "$SECONDS" -ge "$next" ] && kill -0 "$pid" 2>/dev/null; then
-      echo "setup-e2e:   ... $((SECONDS - start)) s so far, $(du -sm "$venv" 2>/dev/null | cut -f1 || echo 0) MB in $venv"
-      next=$((next + every))
-    fi
-  done
-  wait "$pid" || rc=$?
-  if [ "$rc" -ne 0 ]; then
-    grep -v "^WARNING: Location" "$log" | tail -15 >&2
-    echo "setup-e2e: failed while: ${*:0:6}...; check the network and run again (nothing half-built is kept)" >&2
-    rm -rf "$venv"
-    exit 1
-  fi
-}
+# Each step runs quietly into $log with a heartbeat (scripts/step.sh); a failed step throws the half-built environment away.
+STEP_TAG=setup-e2e STEP_DIR=$venv STEP_LOG=$log
+step_failed() { rm -rf "$venv"; }
+# shellcheck source=scripts/step.sh
+source scripts/step.sh
 step "creating $venv" "$PYTHON" -m venv "$venv"
 PY="$venv/bin/python"
 step "$torch_step" "$PY" -m pip install -q --disable-pip-version-check "${pip_reqs[@]}" -c "$pins"

@@ -255,14 +255,17 @@ def test_a_step_is_shown_from_the_console_line_verl_prints_as_it_ends():
     assert console_step("(TaskRunner pid=12) Training Progress: 25%|##  | 3/12") is None
 
 
-def test_the_e2e_set_up_says_how_far_it_is_while_a_step_runs(tmp_path):
-    # scripts/setup_e2e.sh's step(): the torch step was minutes of silence on a first `make demo`
-    script = (Path(__file__).resolve().parents[2] / "scripts" / "setup_e2e.sh").read_text()
-    start = script.index("step() {")
-    function = script[start : script.index("\n}\n", start) + 3]
+@pytest.mark.parametrize("tag", ["setup-e2e", "setup"])
+def test_the_set_up_says_how_far_it_is_while_a_step_runs(tmp_path, tag):
+    # scripts/step.sh, which setup_e2e.sh and setup_dev.sh source: the torch step was minutes of silence on a first
+    # `make demo`, and `make setup` ~7 minutes of pip -q
+    script = Path(__file__).resolve().parents[2] / "scripts" / "step.sh"
     venv, log = tmp_path / "venv", tmp_path / "log"
     venv.mkdir()
-    body = f'set -euo pipefail\nvenv="{venv}"; log="{log}"\n{function}\nstep "sleeping" sleep 3\nstep "failing" sh -c "echo boom; exit 3"\n'
+    body = (
+        f'set -euo pipefail\nSTEP_TAG={tag} STEP_DIR="{venv}" STEP_LOG="{log}"\nstep_failed() {{ echo cleaned; }}\n'
+        f'source "{script}"\nstep "sleeping" sleep 3\nstep "failing" sh -c "echo boom; exit 3"\n'
+    )
     proc = subprocess.run(
         ["bash", "-c", body],
         capture_output=True,
@@ -270,9 +273,17 @@ def test_the_e2e_set_up_says_how_far_it_is_while_a_step_runs(tmp_path):
         env={"PATH": "/usr/bin:/bin", "SETUP_HEARTBEAT_S": "1"},
     )
     lines = proc.stdout.splitlines()
-    assert lines[0] == "setup-e2e: sleeping" and lines[-1] == "setup-e2e: failing", proc.stdout
-    beats = [line for line in lines if line.startswith("setup-e2e:   ... ")]
+    assert lines[0] == f"{tag}: sleeping" and lines[-2:] == [f"{tag}: failing", "cleaned"], proc.stdout
+    beats = [line for line in lines if line.startswith(f"{tag}:   ... ")]
     assert len(beats) >= 2 and f"s so far, 1 MB in {venv}" in beats[0], proc.stdout  # du -sm rounds up
-    assert proc.returncode == 1 and "boom" in proc.stderr and "setup-e2e: failed while:" in proc.stderr, (
+    assert proc.returncode == 1 and "boom" in proc.stderr and f"{tag}: failed while:" in proc.stderr, (
         proc.stderr
     )
+
+
+def test_both_set_ups_run_their_steps_through_step_sh():
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    for name in ("setup_dev.sh", "setup_e2e.sh"):
+        text = (scripts / name).read_text()
+        assert "source scripts/step.sh" in text and "step() {" not in text, name
+    assert "setup: done in" in (scripts / "setup_dev.sh").read_text()
