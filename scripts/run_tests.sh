@@ -44,8 +44,10 @@ setup_done=$(now)
 
 xdist=()
 [ "$workers" = 0 ] || xdist=(-n "$workers")
+# tests/durations.py writes where the tier's time went, per test file, to tests/durations/<tier>.tsv (committed after
+# a measured run: CONTRIBUTING.md); RECIPES_DURATIONS_OUT= (empty) writes nothing
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest "${xdist[@]}" "${select[@]}" --durations=30 ${PYTEST_ARGS:-}
+RECIPES_DURATIONS_OUT=${RECIPES_DURATIONS_OUT-tests/durations/$tier.tsv} .venv/bin/python -m pytest "${xdist[@]}" "${select[@]}" --durations=30 ${PYTEST_ARGS:-}
 rc=$?
 # verl 0.9.1's environment: done by now when a test needed it; a run that selected none waits for it here
 wait "$e2e091_pid"

@@ -19,7 +19,7 @@ from ascend_rl.paths import REPO
 
 # tests/ci_policy.py: a pin the index does not have fails; an unreachable index or a missing required dev
 # dependency skips locally and fails under CI=true; every skip is listed with its reason at the end of the run.
-pytest_plugins = ["ci_policy"]
+pytest_plugins = ["ci_policy", "durations"]
 
 QWEN_MANIFEST = REPO / "llm_rl" / "qwen2_5" / "recipe.toml"
 
