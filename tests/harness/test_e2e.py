@@ -9,6 +9,7 @@ The environment comes from the e2e_python fixture (conftest.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -22,17 +23,21 @@ pytestmark = pytest.mark.slow
 # environment, e2e_python_091). make test-full: the rest of the matrix, in the same output folder (v071-resume
 # continues the v071 run's step-2 checkpoint; test_e2e_091.py has 0.9.1's resume and two ranks).
 CI_RUNS = ("v091", "deepseek-v091")
+MOE_ENV = "RECIPES_VLLM_CPU_MOE"  # ascend_rl/harness/verl_modules/recipes_vllm_cpu.py
 FULL_RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071")
 QWEN_RUNS = ("v091", "sync", "async", "resume", "v071", "v071-resume")
 
 
-def _e2e(python: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _e2e(
+    python: Path, out: Path, *args: str, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
     proc = subprocess.run(
         [str(python), "-m", "ascend_rl", "e2e", "--out", str(out), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=2400,
+        env=None if env is None else {**os.environ, **env},
     )
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -52,8 +57,10 @@ def e2e_out(tmp_path_factory) -> Path:
 def e2e_default(e2e_python, e2e_python_091, e2e_out):
     """v091 (Qwen's default base, verl 0.9.1: its engine workers and vLLM 0.23.0's CPU build, in .venv-e2e-091) and
     deepseek-v091 (the DeepSeek launcher's default, verl 0.9.1: its Megatron engine on 2 ranks, vLLM 0.23.0's CPU
-    build, in the same environment), as `make e2e --runs v091,deepseek-v091` runs them."""
-    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS))
+    build, in the same environment), as `make e2e --runs v091,deepseek-v091` runs them. vLLM's CPU MoE is forced onto
+    its torch path (RECIPES_VLLM_CPU_MOE=torch), the one an x86 CPU without AVX-512 takes, so CI runs it whatever the
+    machine (make test-full's DeepSeek runs leave the choice to vLLM)."""
+    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS), env={MOE_ENV: "torch"})
     tier_report.record_e2e("test_e2e", summary, list(CI_RUNS))
     return proc, summary, e2e_out
 
@@ -120,6 +127,10 @@ def test_the_deepseek_default_base_0_9_1_trains_through_the_megatron_engine(e2e_
     assert run["base"] == "0.9.1" and run["steps_done"] == [1, 2, 3]
     log = (out / DS_091 / "launcher.log").read_text(errors="replace")
     assert "deepseek_r1/verl-0.9.1-cpu" in log, "the run did not use the DeepSeek 0.9.1 CPU tree"
+    # vLLM's MoE on the AVX2 path (forced): the path that failed on an AVX2-only machine before the rig's plugin
+    assert f"recipes: vLLM CPU MoE path forward_torch ({MOE_ENV}=torch)" in log, (
+        "the rollout's MoE path is not said"
+    )
     rows = [json.loads(line) for line in (out / DS_091 / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3], "verl's file logger"
     assert all("critic/score/mean" in r["data"] and r["data"]["actor/grad_norm"] > 0 for r in rows)

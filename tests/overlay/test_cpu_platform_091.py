@@ -113,7 +113,9 @@ def test_the_cpu_launch_env_selects_the_cpu_platform_and_plain_gloo(cpu_tree_091
     assert 0 < free <= total
     assert got["ipc"] is False  # verl then sends the rollout its weights in shared-memory buckets
     assert got["vllm_version"] == "0.23.0+cpu"
-    assert "recipes_vllm_cpu:keep_linear_weights" in got["vllm_plugins"]
+    assert {"recipes_vllm_cpu:keep_linear_weights", "recipes_vllm_cpu:cpu_moe_outside_config"} <= set(
+        got["vllm_plugins"]
+    )
 
 
 def test_without_the_plugin_hook_verl_0_9_1_falls_back_to_a_card(cpu_tree_091: Path) -> None:
