@@ -77,6 +77,7 @@ recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
   || exit 2
 eval "$resolved"
+recipes_base_env  # env.sh: VLLM_USE_V1 on the vLLM 0.13 bases only
 # its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
 PYTHON_PATH="$(command -v "$PYTHON")"
 case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
