@@ -39,7 +39,7 @@ def test_the_first_screen_has_the_commands_the_costs_and_what_it_ran_on():
         for what, pattern in {
             "a recipe's launcher": r"bash llm_rl/\w+/run_\w+\.sh",
             "make test or make demo": r"make (test|demo)\b",
-            "the Python version": r"Python 3\.\d+",
+            "the Python version": r"Python\s+3\.\d+",
             "the disk": r"\d+(\.\d+)? GB",
             "the time": r"\d+ (min|s)\b",
             "CPU only": r"\bCPU\b",
