@@ -64,6 +64,7 @@ recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "${VERL_BASE:-}" --profile "$PROFILE" --shell)" \
   || exit 2
 eval "$resolved"
+recipes_base_env  # env.sh: VLLM_USE_V1 on the vLLM 0.13 bases only
 VERL_DIR="${VERL_DIR:-$RECIPE_TREE}"
 export PYTHONPATH="$VERL_DIR${PYTHONPATH:+:$PYTHONPATH}"
 # On CPU the base's cpu_env (recipe.toml; on 0.9.1 the CPU platform and engine device verl's workers select): this

@@ -19,8 +19,8 @@
 # folder. NNODES (16) and NPUS_PER_NODE (16) size the cluster. --dry-run composes every override
 # against verl's ppo_megatron_trainer and prints the node-by-node commands. --cpu (or PROFILE=cpu): the same
 # launch on one machine with no NPU, two processes (cpu_profile.sh says what it changes); with NNODES=N (N > 1)
-# the same ranks across N CPU nodes on which `ray_start.sh --cpu` has run (README: "Try the multi-node launch on
-# one machine"). --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides,
+# the same ranks across N CPU nodes on which `ray_start.sh --cpu` has run (docs/deepseek_r1-evidence.md: "Try the
+# multi-node launch on one machine"). --json: the dry run prints its plan as one JSON object on stdout (trainer argv, final overrides,
 # verl tree and base, environment), the report and the node-by-node commands on stderr; it implies --dry-run.
 # A rerun of the same RUN_NAME resumes from its newest complete checkpoint (trainer.resume_mode=auto;
 # patch shared-0012 makes a save killed half-way harmless). A run that fails ends with one line naming
@@ -77,6 +77,7 @@ recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
 resolved="$(cd "$REPO_DIR" && "$PYTHON" -m ascend_rl resolve deepseek_r1 --base "$VERL_BASE" --profile "$PROFILE" --shell)" \
   || exit 2
 eval "$resolved"
+recipes_base_env  # env.sh: VLLM_USE_V1 on the vLLM 0.13 bases only
 # its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
 PYTHON_PATH="$(command -v "$PYTHON")"
 case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
@@ -177,7 +178,7 @@ OVERRIDES=(
   +actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True
   # Gradients accumulated and reduced in bf16, as in the original's trainer (its MindSpeed config leaves Megatron's
   # accumulate_allreduce_grads_in_fp32 at False). verl's own DDP config says fp32: at TP4 PP8 EP8 that is a 44 GiB
-  # gradient buffer per die and an update over the A3 die's 64 GiB (plan_memory; README, "Memory per die").
+  # gradient buffer per die and an update over the A3 die's 64 GiB (plan_memory; docs/deepseek_r1-evidence.md, "Memory per die").
   +actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32=False
   actor_rollout_ref.rollout.name=vllm
   actor_rollout_ref.rollout.n=16

@@ -119,6 +119,21 @@ def test_the_deepseek_launcher_on_0_7_1_takes_the_server_mode_rollout_and_its_po
         "multistream_overlap_shared_expert"
         in final["actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config"]
     )
+    assert plan["env"]["VLLM_USE_V1"] == "1"  # vLLM 0.13 still reads it (env.sh's recipes_base_env)
+
+
+def test_the_deepseek_launcher_on_0_9_1_exports_no_vllm_use_v1(tmp_path, base_tree):
+    """vLLM 0.23 (verl 0.9.1, the DeepSeek default) has no VLLM_USE_V1 (tests/patches/test_contract_091.py): env.sh
+    exported it on every base; the default base's plan carries none."""
+    from ascend_rl import overlay
+
+    tree = base_tree("0.9.1")
+    overlay.apply_series(manifest.load_recipe("deepseek_r1", "0.9.1"), tree)
+    env = launcher_env(tmp_path, tree)
+    env.pop("VERL_BASE")  # the recipe's default base
+    plan = dry_run_plan(run_launcher(LAUNCHERS[2], ["--dry-run", "--json"], env))
+    assert plan["verl"]["version"] == "0.9.1"
+    assert "VLLM_USE_V1" not in plan["env"], plan["env"].get("VLLM_USE_V1")
 
 
 def test_ray_start_resolves_the_base_as_the_launcher_does(tmp_path, verl_tree):

@@ -61,6 +61,8 @@ def statements(text: str, rel: Path) -> list[tuple[int, str, str | None, str | N
         size = int(n) if n.isdigit() else WORDS.index(n) + 1
         if rel.parts[0] == "llm_rl":
             recipe = rel.parts[1]
+        elif rel.parts[0] == "docs" and rel.name.split("-")[0] in SERIES:
+            recipe = rel.name.split("-")[0]  # a recipe's evidence moved out of its README: docs/<recipe>-*.md
         else:
             named = [r for r in SERIES if r in line]
             recipe = named[0] if len(named) == 1 else None
@@ -110,3 +112,7 @@ def test_the_check_sees_the_statements_it_is_for():
         (3, "qwen2_5", "0.6.0", 3, None),
     ]
     assert statements("the series has 5 patches", Path("docs/x.md"))[0][2:4] == (None, None)
+    assert statements("| 0.6.0 | sync | 11 patches, below |", Path("docs/qwen2_5-evidence.md"))[0][2:4] == (
+        "qwen2_5",
+        "0.6.0",
+    )

@@ -125,15 +125,15 @@ def test_a_manager_the_custom_reward_file_registers_counts(pristine_base, tmp_pa
 
 
 def _readme_settings() -> dict[str, list[str]]:
-    """The reward overrides the recipe README gives, by the comment line above them: 'either base', '0.6.0', '0.7.1'."""
+    """The reward overrides the recipe README gives, by the comment line above them: 'every base', '0.6.0', '0.7.1'."""
     text = README.read_text(encoding="utf-8")
-    block = text[text.index("# verl, either base") :]
+    block = text[text.index("# verl, every base") :]
     block = block[: block.index("```")]
     settings: dict[str, list[str]] = {}
     key, heading = None, False
     for line in block.splitlines():
         if line.startswith("# verl"):
-            key = "either" if "either base" in line else re.search(r"verl (\d+\.\d+\.\d+)", line).group(1)
+            key = "every" if "every base" in line else re.search(r"verl (\d+\.\d+\.\d+)", line).group(1)
             settings[key], heading = [], True
         elif line.startswith("#"):
             key = key if heading else None  # a heading's second line, else another topic
@@ -145,13 +145,13 @@ def _readme_settings() -> dict[str, list[str]]:
 
 def test_the_readme_gives_settings_for_each_base():
     settings = _readme_settings()
-    assert set(settings) == {"either", "0.6.0", "0.7.1"}, settings
+    assert set(settings) == {"every", "0.6.0", "0.7.1"}, settings
     assert settings["0.6.0"] == [
         "reward_model.reward_manager=batch",
         "custom_reward_function.name=compute_score_batch",
     ]
     assert settings["0.7.1"] == ["reward.num_workers=8"]
-    assert not any("reward_manager" in s for s in settings["either"] + settings["0.7.1"])
+    assert not any("reward_manager" in s for s in settings["every"] + settings["0.7.1"])
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_the_launcher_dry_run_on_each_base(tmp_path, pristine_base, base, settin
     """The README's batch line, dry-run through the single-card launcher: refused on 0.7.1 (no batch reward manager there) before
     anything starts, taken on 0.6.0; the README's 0.7.1 line is taken on 0.7.1."""
     given = _readme_settings()
-    args = [a for a in given["either"] if not a.startswith("custom_reward_function.path=")] + given[settings]
+    args = [a for a in given["every"] if not a.startswith("custom_reward_function.path=")] + given[settings]
     env = launcher_env(tmp_path, pristine_base(base), VERL_BASE=base)
     proc = run_launcher(QWEN, ["--dry-run", *args], env)
     assert "Traceback" not in proc.stdout + proc.stderr

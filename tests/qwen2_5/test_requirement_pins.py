@@ -19,7 +19,11 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 REWARD = ROOT / "llm_rl" / "qwen2_5" / "new_math_reward.py"
-READMES = (ROOT / "README.md", ROOT / "llm_rl" / "qwen2_5" / "README.md")
+READMES = (
+    ROOT / "README.md",
+    ROOT / "llm_rl" / "qwen2_5" / "README.md",
+    *sorted(ROOT.glob("docs/qwen2_5-*.md")),
+)
 # math_verify and what it runs on: one version of each wherever it is pinned
 MATH_STACK = ("math-verify", "latex2sympy2-extended", "antlr4-python3-runtime", "sympy")
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)")
