@@ -2966,9 +2966,26 @@ class _Gold:
         return self._several
 
 
+class NoGroundTruth(ValueError):
+    """The ground truth holds no answer (None, "", a dict, an empty box): a dataset error, never a score of 0."""
+
+
+def _no_truth_message(ground_truth: Any, where: str = "") -> str:
+    shown = repr(ground_truth)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return (
+        f"{where}the ground truth {shown} holds no answer: pass the reference answer as a string, a number or a "
+        "list of them (verl: reward_model.ground_truth of each data row)"
+    )
+
+
 def _parse_truth(ground_truth: Any) -> _Gold:
-    """A ground truth as the scoring reads it; compute_score_batch calls this once per distinct truth."""
-    return _Gold(_truths(ground_truth))
+    """A ground truth as the scoring reads it; compute_score_batch calls this once per distinct truth.  Raises
+    NoGroundTruth when it holds no answer: every response would score 0 and a run would learn from the zeros."""
+    gold = _Gold(_truths(ground_truth))
+    if not gold.texts:
+        raise NoGroundTruth(_no_truth_message(ground_truth))
+    return gold
 
 
 def _truth_key(value: Any) -> tuple | None:
@@ -3044,7 +3061,8 @@ def compute_score_dict(
 ) -> dict[str, Any]:
     """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``.
 
-    Raises MathVerifyUnavailable when math_verify cannot be imported or run; never for any input.
+    Raises MathVerifyUnavailable when math_verify cannot be imported or run, and NoGroundTruth (a ValueError)
+    when the ground truth holds no answer (None, "", an empty box); never for any response.
     """
     timeout, workers = _options(kwargs)
     _require_math_verify(workers)
@@ -3054,7 +3072,7 @@ def compute_score_dict(
             return _zero()
         correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers, gold=prep.gold)
         return _finish(prep, correct, timed_out)
-    except MathVerifyUnavailable:
+    except (MathVerifyUnavailable, NoGroundTruth):
         raise
     except Exception:  # noqa: BLE001 - a reward must never take a training step down
         return _zero()
@@ -3078,7 +3096,8 @@ def compute_score_batch(
     extra_infos: Any = None,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract."""
+    """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract.  Raises as
+    compute_score_dict does, before scoring anything, naming the first item whose ground truth holds no answer."""
     timeout, workers = _options(kwargs)
     _require_math_verify(workers)
     try:
@@ -3090,7 +3109,7 @@ def compute_score_batch(
     results: list[dict[str, Any]] = [_zero() for _ in responses]
     preps: list[_Prepared | None] = []
     golds: dict[tuple, _Gold] = {}  # each distinct truth parsed once for the step (GRPO: n answers share one)
-    for response, truth in zip(responses, truths, strict=False):
+    for n, (response, truth) in enumerate(zip(responses, truths, strict=False)):
         try:
             key = _truth_key(truth)
             gold = golds.get(key) if key is not None else None
@@ -3099,6 +3118,8 @@ def compute_score_batch(
                 if key is not None:
                     golds[key] = gold
             preps.append(_prepare(response, truth, gold))
+        except NoGroundTruth:
+            raise NoGroundTruth(_no_truth_message(truth, f"item {n}: ")) from None
         except Exception:  # noqa: BLE001
             preps.append(None)
 
@@ -3262,6 +3283,8 @@ def _row_fields(row: dict, where: str = "") -> tuple[Any, Any]:
             raise ValueError(
                 f"{where}no {name}: the keys read are {', '.join(keys)}; this line has {sorted(row) or 'none'}"
             )
+    if not _truths(truth):
+        raise NoGroundTruth(_no_truth_message(truth, where))
     return response, truth
 
 
