@@ -525,12 +525,19 @@ class _Answer(NamedTuple):
 
 
 MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
+MAX_ANSWER_BLOCKS = 64  # more <answer> blocks than this is not one answer
 
 
 def _agree(text: str, spans: list[tuple[int, int]]) -> tuple[bool, tuple[str, ...]]:
     """(agree, others): boxes are one answer when equal in value; others are left for sympy to compare."""
-    last = _norm(text[spans[-1][0] : spans[-1][1]])
-    spellings = {_norm(text[a:b]) for a, b in spans[:-1]} - {last}
+    return _agree_values([text[a:b] for a, b in spans])
+
+
+def _agree_values(answers: list[str]) -> tuple[bool, tuple[str, ...]]:
+    """(agree, others): final answers (boxes, <answer> blocks) are one answer when each equals the last in value;
+    others are left for sympy to compare."""
+    last = _norm(answers[-1])
+    spellings = {_norm(a) for a in answers[:-1]} - {last}
     if len(spellings) > MAX_BOX_SPELLINGS:
         return False, ()
     others = []
@@ -554,21 +561,59 @@ _CORRECTION_RE = re.compile(
 )
 
 
+def _one_block(block: str) -> _Answer:
+    """The answer one ``<answer>`` block states."""
+    if len(block) > MAX_SCAN_CHARS:
+        return _Answer(None, False, False)
+    spans = _boxed_spans(block)
+    if spans:
+        a, b = spans[-1]
+        agree, others = _agree(block, spans)
+        return _Answer(block[a:b], True, not agree, others, block)
+    return _block_answer(block)._replace(scope=block)
+
+
+def _earlier_blocks(response: str, end: int) -> list[str]:
+    """The closed ``<answer>`` blocks before response[end:] that compete with the last one: those after the
+    reasoning (a block quoted inside <think> does not count) and after the last correction before it."""
+    t_close = response.rfind(THINK_CLOSE, 0, end)
+    start = max(t_close + len(THINK_CLOSE) if t_close >= 0 else 0, end - MAX_SCAN_CHARS)
+    if response.find(ANSWER_OPEN, start, end) < 0:
+        return []
+    for cue in _CORRECTION_RE.finditer(response, start, end):
+        start = cue.end()
+    blocks = []
+    while len(blocks) <= MAX_ANSWER_BLOCKS:
+        a_open = response.find(ANSWER_OPEN, start, end)
+        if a_open < 0:
+            break
+        a_close = response.find(ANSWER_CLOSE, a_open, end)
+        if a_close < 0:
+            break
+        blocks.append(response[a_open + len(ANSWER_OPEN) : a_close])
+        start = a_close + len(ANSWER_CLOSE)
+    return blocks
+
+
 def extract_answer(response: str) -> _Answer:
-    """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning."""
+    """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning.  Several
+    blocks are one answer only when they agree in value, as several boxes are: <answer>3</answer><answer>4</answer>
+    offers two."""
     a_open = response.rfind(ANSWER_OPEN)
     if a_open >= 0:
         start = a_open + len(ANSWER_OPEN)
         a_close = response.find(ANSWER_CLOSE, start)
-        block = response[start : a_close if a_close >= 0 else len(response)]
-        if len(block) > MAX_SCAN_CHARS:
-            return _Answer(None, False, False)
-        spans = _boxed_spans(block)
-        if spans:
-            a, b = spans[-1]
-            agree, others = _agree(block, spans)
-            return _Answer(block[a:b], True, not agree, others, block)
-        return _block_answer(block)._replace(scope=block)
+        answer = _one_block(response[start : a_close if a_close >= 0 else len(response)])
+        if answer.text is None or answer.ambiguous:
+            return answer
+        earlier = [_one_block(block) for block in _earlier_blocks(response, a_open)]
+        if len(earlier) > MAX_ANSWER_BLOCKS or any(e.ambiguous for e in earlier):
+            return answer._replace(ambiguous=True)
+        texts = [e.text for e in earlier if e.text is not None]  # an empty block offers no value
+        if texts:
+            agree, others = _agree_values([*texts, answer.text])
+            answer = answer._replace(ambiguous=not agree, others=tuple(sorted({*answer.others, *others})))
+        return answer
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
