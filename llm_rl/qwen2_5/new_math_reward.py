@@ -190,8 +190,8 @@ _CUE_RE = re.compile(
     r"(?:\b(?:is|are|equals?|gives?|get|obtain|find|so|thus|therefore|hence)|[=:])\s*$", re.I
 )
 _PROSE_RE = re.compile(
-    r"(?<![\\a-zA-Z{])[a-zA-Z]{3,}(?![a-zA-Z}])"
-)  # an English word, not \frac or \text{cm}
+    r"(?<![\\a-zA-Z{])(?!sqrt(?![a-zA-Z]))[a-zA-Z]{3,}(?![a-zA-Z}])"
+)  # an English word, not \frac or \text{cm}, nor sqrt (plain-text math, see _plain)
 _LAST_COPULA_RE = re.compile(r"^.*\b(?:is|are|equals|was|be)\s+", re.IGNORECASE | re.DOTALL)
 # a number and its unit: 12 ways, 5 cm, 3 m
 _PLAIN_UNIT_RE = re.compile(r"^(.*?[\d}])\s+((?:square\s+|cubic\s+)?(?:[a-zA-Z]{2,}|[mgsh])\.?)$")
@@ -207,7 +207,9 @@ _DENOMINATORS = {"half": 2, "halve": 2, "third": 3, "quarter": 4, "fourth": 4, "
 _DENOMINATORS |= {"seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10}
 _POWER_WORDS = {"squared": "^2", "cubed": "^3", "factorial": "!"}
 # words after a number that change its value: 5 squared is not 5 units of anything, two thirds is not 2
-_VALUE_WORD_RE = re.compile(rf"(?:{'|'.join([*_POWER_WORDS, *_DENOMINATORS])})s?\.?$", re.IGNORECASE)
+_VALUE_WORD_RE = re.compile(
+    rf"(?:{'|'.join([*_POWER_WORDS, *_DENOMINATORS])})s?\.?$|pi$", re.IGNORECASE
+)  # 5 pi is 5\pi, not 5 units of pi
 
 
 def _canonical(s: str) -> str:
@@ -504,14 +506,48 @@ def _roots(s: str) -> str:
     return "".join(out) + s[i:]
 
 
-def _unicode(s: str) -> str:
-    """The LaTeX for the Unicode math models write, answers and truths alike: 36°, −2, 3×4, π, ≤, ½, √2, 2√3,
-    √(x+1), x², x⁻¹, 1011₂, ７."""
-    if s.isascii():
+# plain-text math, as a calculator or a program writes it: sqrt(3), 2*sqrt(3), pi/2, 1e3, 2.5E-4
+_PLAIN_HINT_RE = re.compile(r"sqrt|pi|[\d.][eE]")
+_NAMED = r"(?<![\\a-zA-Z])(?<!\\operatorname\{)(?<!\\mathrm\{)(?<!\\text\{)"  # not \pi, spin, \text{pi}
+_PLAIN_SQRT_RE = re.compile(_NAMED + r"sqrt(?![a-zA-Z])")
+_PLAIN_PI_RE = re.compile(_NAMED + r"pi(?![a-zA-Z])")
+_PLAIN_EXPONENT_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,4})(?![\w.])")
+MAX_PLAIN_EXPONENT = 30  # 1e30 is written out in digits; a larger exponent stays a power of ten
+
+
+def _exponent(m: re.Match) -> str:
+    """1e3 as 1000, 2.5E-4 as 0.00025 (what the digits say, exactly); 1e400 as 1\\times10^{400}."""
+    mantissa, exponent = m.group(1), int(m.group(2))
+    if abs(exponent) > MAX_PLAIN_EXPONENT:
+        return f"{mantissa}\\times10^{{{exponent}}}"
+    digits = mantissa.replace(".", "")
+    point = (mantissa.index(".") if "." in mantissa else len(mantissa)) + exponent
+    if point <= 0:
+        digits, point = "0" * (1 - point) + digits, 1
+    digits = digits + "0" * (point - len(digits))
+    whole, fraction = digits[:point].lstrip("0") or "0", digits[point:].rstrip("0")
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _plain(s: str) -> str:
+    """The LaTeX for plain-text math: sqrt(3) and sqrt 3 are \\sqrt{3}, pi is \\pi, 1e3 is 1000."""
+    if not _PLAIN_HINT_RE.search(s):
         return s
-    had_root = "√" in s or "∛" in s or "∜" in s
-    s = _UNICODE_RE.sub(_unicode_sign, s)
-    return _roots(s) if had_root else s
+    s = _PLAIN_EXPONENT_RE.sub(_exponent, s)
+    s = _PLAIN_PI_RE.sub(lambda m: "\\pi " if s[m.end() : m.end() + 1].isalpha() else "\\pi", s)
+    if _PLAIN_SQRT_RE.search(s):
+        s = _roots(_PLAIN_SQRT_RE.sub(lambda m: "\\sqrt", s))
+    return s
+
+
+def _unicode(s: str) -> str:
+    """The LaTeX for the Unicode and plain-text math models write, answers and truths alike: 36°, −2, 3×4, π, ≤,
+    ½, √2, 2√3, √(x+1), x², x⁻¹, 1011₂, ７; sqrt(3), pi/2, 1e3 (see _plain)."""
+    if not s.isascii():
+        had_root = "√" in s or "∛" in s or "∜" in s
+        s = _UNICODE_RE.sub(_unicode_sign, s)
+        s = _roots(s) if had_root else s
+    return _plain(s)
 
 
 class _Answer(NamedTuple):
