@@ -353,7 +353,7 @@ def _solutions(text: str) -> tuple[str, bool] | None:
     text = text[head.end() :] if head else text
     if _spelled_value(re.split(r"[\s-]+", _strip_math(text).lower())) is not None:
         return None  # one hundred and five: one number
-    items, variables = [], set()
+    items, variables, named = [], set(), []
     for part in _JOIN_RE.split(text):
         pieces = _top_level(part.strip().removesuffix(","), comma_needs_space=True)  # 1, 2, or 3
         if pieces is None:
@@ -365,13 +365,17 @@ def _solutions(text: str) -> tuple[str, bool] | None:
             if assigned is not None:
                 variables.add(assigned.group(1))
                 item = _strip_math(assigned.group(2))
+                named.append(f"{assigned.group(1)}={_canonical(item)}")
             item = _canonical(item)
             if not item or _PROSE_RE.search(item) or "=" in item or _RELATION_RE.search(item):
                 return None
             items.append(item)
     if len(items) < 2:
         return None
-    # x = 2 and y = 7 gives the values of two unknowns: which one is the answer is not said
+    joins = {join.lower() for join in _JOIN_RE.findall(text)}
+    if joins == {"and"} and len(variables) == len(named) == len(items):
+        return ", ".join(named), False  # x = 2 and y = 3: a tuple written out, x=2, y=3
+    # x = 2 or y = 7 gives the values of two unknowns: which one is the answer is not said
     return " \\text{ or } ".join(items), len(variables) > 1
 
 
@@ -387,6 +391,10 @@ def _block_answer(block: str) -> _Answer:
     if solutions is not None:
         return _Answer(solutions[0], True, solutions[1])
     spans = [(m.start(g), m.end(g)) for m in _MATH_SPAN_RE.finditer(text) for g in range(1, 5) if m.group(g)]
+    if len(spans) > 1 and "=" in text:  # $x=2$, $y=3$: one tuple written out, not spans that disagree
+        written = _canonical(_strip_math(_MATH_SPAN_RE.sub(lambda m: next(g for g in m.groups() if g), text)))
+        if _assignments(_norm(written)) is not None:
+            return _Answer(written, True, ambiguous)
     if spans:
         agree, others = _agree(text, spans)
         # "Since $x=2$, the value of $k$ is $7$": after a cue the last span is the answer, else all must agree
@@ -1722,6 +1730,40 @@ def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
 
 
 _ASSIGNMENT_RE = re.compile(r"([a-zA-Z])=([^=<>]+)")  # x=5: the value of one variable
+_NAMED_VALUE_RE = re.compile(r"([a-zA-Z]|\\[a-zA-Z]+)=([^=<>]+)")  # x=5, \theta=2
+
+
+def _assignments(s: str) -> list[tuple[str, str]] | None:
+    """A tuple written out as the values of different unknowns, x=2,y=3 (normalised), as [(x, 2), (y, 3)]; None
+    for anything else (x=1,x=2 is a list of solutions, x=1,000 is one number)."""
+    if s.count("=") < 2 or _THOUSANDS_GROUP_RE.search(s):
+        return None
+    pairs = []
+    for part in _top_level(_ALTERNATIVES_AND_RE.sub(",", s), comma_needs_space=False) or ():
+        named = _NAMED_VALUE_RE.fullmatch(part)
+        if named is None:
+            return None
+        pairs.append((named.group(1), named.group(2)))
+    names = [name for name, _ in pairs]
+    return pairs if len(pairs) > 1 and len(set(names)) == len(names) else None
+
+
+def _assignments_verdict(a: str, t: str) -> bool | None:
+    """x=2, y=3 is the tuple (2,3): right for the same values of the same unknowns (in any order) or for the
+    point (2,3) (in the order written); never for one value nor for a set of solutions."""
+    a_pairs, t_pairs = _assignments(a), _assignments(t)
+    if a_pairs is not None and t_pairs is not None:
+        a_map, t_map = dict(a_pairs), dict(t_pairs)
+        if a_map.keys() != t_map.keys():
+            return False
+        return _all_verdict([_verdict_one(value, t_map[name]) for name, value in a_map.items()])
+    pairs, other = (a_pairs, t) if a_pairs is not None else (t_pairs, a)
+    if pairs is None:
+        return None
+    if _collection(other) != "pair":
+        return False  # two unknowns' values for one value or a set: which one is meant is not said
+    written = "(" + ",".join(value for _, value in pairs) + ")"
+    return _verdict_one(written, t) if a_pairs is not None else _verdict_one(a, written)
 
 
 _WRAPPED_WORD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mbox|mathrm)\{([a-zA-Z'-]+)\}")  # spaces gone
@@ -1765,6 +1807,7 @@ def _word_verdict(a: str, t: str) -> bool | None:
 
 
 _ALTERNATIVES_RE = re.compile(r"\\text\{(?:or|and)\}")  # 1 \text{ or } 2 after _norm
+_ALTERNATIVES_AND_RE = re.compile(r"\\text\{and\}")  # x=2 \text{ and } y=3 after _norm: a tuple
 _PLUS_MINUS_RE = re.compile(r"\\(?:pm|mp)")
 _THOUSANDS_GROUP_RE = re.compile(r"\d,\d{3}(?!\d)")
 
@@ -1985,6 +2028,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
     a, t = _spelled(a) or a, _spelled(t) or t  # twelve is 12
     if a == t:
         return True
+    if "=" in a or "=" in t:
+        verdict = _assignments_verdict(a, t)  # x=2, y=3: a tuple written out (None: neither is one, or sympy)
+        if verdict is not None or _assignments(a) is not None or _assignments(t) is not None:
+            return verdict
     a_set, t_set = _ASSIGNMENT_RE.fullmatch(a), _ASSIGNMENT_RE.fullmatch(t)
     if a_set is not None and (t_set is None and "=" not in t or t_set and t_set.group(1) == a_set.group(1)):
         return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
