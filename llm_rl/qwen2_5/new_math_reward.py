@@ -9,16 +9,19 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
   punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies,
   Unicode math (``½``, ``2√3``, ``√(x+1)``, ``x²``, ``·``, ``×``, ``÷``, ``≤``, ``∞``, ``−``) read as its LaTeX in answers
-  and truths, words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
+  and truths, plain-text math (``sqrt(3)``, ``2*sqrt(3)``, ``pi/2``, ``1e3``) likewise, words (``Monday``,
+  ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
   by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
   Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
-  takes back does not compete with it.
+  takes back does not compete with it.  Several boxes, or several ``<answer>`` blocks, must agree in value.
 * No credit for hedging: an answer that offers more than one value, a range, a bound or an alternative
   (``4 but maybe 5``, ``3? 4? 5?``, ``between 4 and 5``, ``at least 5``, ``5 or more``) scores 0, unless the truth
   is itself that kind of object (an inequality, an interval, a set of solutions), when it is judged against it.
 * Pairs and sets, one rule both ways: a bracketed tuple (``(3,-3)``) is ordered and right only for the same tuple;
   a list of solutions (``3, -3``, ``3 or -3``, ``\\pm 3``, ``\\{3,-3\\}``) is a set, right for the same set in any
-  order; a pair is never right for a set nor a set for a pair.
+  order; a pair is never right for a set nor a set for a pair.  Values of different unknowns (``x=2, y=3``) are the
+  tuple written out, ``(2,3)``.
+* A ground truth that holds no answer (``None``, ``""``, an empty box) raises ``NoGroundTruth`` (a ValueError).
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -3432,7 +3435,8 @@ def _score_file(argv: list[str]) -> int:
         "score",
         help="score a JSONL file",
         description=f"Score each line of a JSONL file: the response under one of {', '.join(CLI_RESPONSE_KEYS)}, "
-        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either is an error); "
+        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either, or whose truth "
+        "holds no answer, is an error); "
         "print one line per item and a summary (with --json, "
         'one JSON object per item and a last {"summary": ...} object).',
     )
