@@ -9,16 +9,19 @@ Self-contained (standard library + ``math_verify``): copy this one file into ver
   ``$...$`` / ``\\(...\\)`` / ``\\[...\\]`` span, a sentence around it ("The answer is 7.", ``x = 5``), trailing
   punctuation, ``\\dfrac``, ``1,\\!000``, ``2\\frac{1}{2}``, a ``bmatrix``, a unit or degree sign the truth implies,
   Unicode math (``½``, ``2√3``, ``√(x+1)``, ``x²``, ``·``, ``×``, ``÷``, ``≤``, ``∞``, ``−``) read as its LaTeX in answers
-  and truths, words (``Monday``, ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
+  and truths, plain-text math (``sqrt(3)``, ``2*sqrt(3)``, ``pi/2``, ``1e3``) likewise, words (``Monday``,
+  ``no solution`` for ``\\text{...}``), numbers in words (``twelve``) and several solutions joined
   by "or" / "and" (``x=1 or x=2``: the set of them, right for ``1, 2``; ``x = 5 or x = -5`` for ``\\pm 5``).
   Without a block, the last ``\\boxed{}`` after the reasoning; a box that a correction ("Wait, I made an error.")
-  takes back does not compete with it.
+  takes back does not compete with it.  Several boxes, or several ``<answer>`` blocks, must agree in value.
 * No credit for hedging: an answer that offers more than one value, a range, a bound or an alternative
   (``4 but maybe 5``, ``3? 4? 5?``, ``between 4 and 5``, ``at least 5``, ``5 or more``) scores 0, unless the truth
   is itself that kind of object (an inequality, an interval, a set of solutions), when it is judged against it.
 * Pairs and sets, one rule both ways: a bracketed tuple (``(3,-3)``) is ordered and right only for the same tuple;
   a list of solutions (``3, -3``, ``3 or -3``, ``\\pm 3``, ``\\{3,-3\\}``) is a set, right for the same set in any
-  order; a pair is never right for a set nor a set for a pair.
+  order; a pair is never right for a set nor a set for a pair.  Values of different unknowns (``x=2, y=3``) are the
+  tuple written out, ``(2,3)``.
+* A ground truth that holds no answer (``None``, ``""``, an empty box) raises ``NoGroundTruth`` (a ValueError).
 * A wrong answer scores 0 and nothing else is counted.  A correct one scores 0.7, plus 0.05 for each of
   ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once (0 if the
   tags are out of order; 0.001 off per character before ``<think>`` and after ``</answer>``, at most 0.1
@@ -190,8 +193,8 @@ _CUE_RE = re.compile(
     r"(?:\b(?:is|are|equals?|gives?|get|obtain|find|so|thus|therefore|hence)|[=:])\s*$", re.I
 )
 _PROSE_RE = re.compile(
-    r"(?<![\\a-zA-Z{])[a-zA-Z]{3,}(?![a-zA-Z}])"
-)  # an English word, not \frac or \text{cm}
+    r"(?<![\\a-zA-Z{])(?!sqrt(?![a-zA-Z]))[a-zA-Z]{3,}(?![a-zA-Z}])"
+)  # an English word, not \frac or \text{cm}, nor sqrt (plain-text math, see _plain)
 _LAST_COPULA_RE = re.compile(r"^.*\b(?:is|are|equals|was|be)\s+", re.IGNORECASE | re.DOTALL)
 # a number and its unit: 12 ways, 5 cm, 3 m
 _PLAIN_UNIT_RE = re.compile(r"^(.*?[\d}])\s+((?:square\s+|cubic\s+)?(?:[a-zA-Z]{2,}|[mgsh])\.?)$")
@@ -207,7 +210,9 @@ _DENOMINATORS = {"half": 2, "halve": 2, "third": 3, "quarter": 4, "fourth": 4, "
 _DENOMINATORS |= {"seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10}
 _POWER_WORDS = {"squared": "^2", "cubed": "^3", "factorial": "!"}
 # words after a number that change its value: 5 squared is not 5 units of anything, two thirds is not 2
-_VALUE_WORD_RE = re.compile(rf"(?:{'|'.join([*_POWER_WORDS, *_DENOMINATORS])})s?\.?$", re.IGNORECASE)
+_VALUE_WORD_RE = re.compile(
+    rf"(?:{'|'.join([*_POWER_WORDS, *_DENOMINATORS])})s?\.?$|pi$", re.IGNORECASE
+)  # 5 pi is 5\pi, not 5 units of pi
 
 
 def _canonical(s: str) -> str:
@@ -351,7 +356,7 @@ def _solutions(text: str) -> tuple[str, bool] | None:
     text = text[head.end() :] if head else text
     if _spelled_value(re.split(r"[\s-]+", _strip_math(text).lower())) is not None:
         return None  # one hundred and five: one number
-    items, variables = [], set()
+    items, variables, named = [], set(), []
     for part in _JOIN_RE.split(text):
         pieces = _top_level(part.strip().removesuffix(","), comma_needs_space=True)  # 1, 2, or 3
         if pieces is None:
@@ -363,13 +368,17 @@ def _solutions(text: str) -> tuple[str, bool] | None:
             if assigned is not None:
                 variables.add(assigned.group(1))
                 item = _strip_math(assigned.group(2))
+                named.append(f"{assigned.group(1)}={_canonical(item)}")
             item = _canonical(item)
             if not item or _PROSE_RE.search(item) or "=" in item or _RELATION_RE.search(item):
                 return None
             items.append(item)
     if len(items) < 2:
         return None
-    # x = 2 and y = 7 gives the values of two unknowns: which one is the answer is not said
+    joins = {join.lower() for join in _JOIN_RE.findall(text)}
+    if joins == {"and"} and len(variables) == len(named) == len(items):
+        return ", ".join(named), False  # x = 2 and y = 3: a tuple written out, x=2, y=3
+    # x = 2 or y = 7 gives the values of two unknowns: which one is the answer is not said
     return " \\text{ or } ".join(items), len(variables) > 1
 
 
@@ -385,6 +394,10 @@ def _block_answer(block: str) -> _Answer:
     if solutions is not None:
         return _Answer(solutions[0], True, solutions[1])
     spans = [(m.start(g), m.end(g)) for m in _MATH_SPAN_RE.finditer(text) for g in range(1, 5) if m.group(g)]
+    if len(spans) > 1 and "=" in text:  # $x=2$, $y=3$: one tuple written out, not spans that disagree
+        written = _canonical(_strip_math(_MATH_SPAN_RE.sub(lambda m: next(g for g in m.groups() if g), text)))
+        if _assignments(_norm(written)) is not None:
+            return _Answer(written, True, ambiguous)
     if spans:
         agree, others = _agree(text, spans)
         # "Since $x=2$, the value of $k$ is $7$": after a cue the last span is the answer, else all must agree
@@ -504,14 +517,48 @@ def _roots(s: str) -> str:
     return "".join(out) + s[i:]
 
 
-def _unicode(s: str) -> str:
-    """The LaTeX for the Unicode math models write, answers and truths alike: 36°, −2, 3×4, π, ≤, ½, √2, 2√3,
-    √(x+1), x², x⁻¹, 1011₂, ７."""
-    if s.isascii():
+# plain-text math, as a calculator or a program writes it: sqrt(3), 2*sqrt(3), pi/2, 1e3, 2.5E-4
+_PLAIN_HINT_RE = re.compile(r"sqrt|pi|[\d.][eE]")
+_NAMED = r"(?<![\\a-zA-Z])(?<!\\operatorname\{)(?<!\\mathrm\{)(?<!\\text\{)"  # not \pi, spin, \text{pi}
+_PLAIN_SQRT_RE = re.compile(_NAMED + r"sqrt(?![a-zA-Z])")
+_PLAIN_PI_RE = re.compile(_NAMED + r"pi(?![a-zA-Z])")
+_PLAIN_EXPONENT_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,4})(?![\w.])")
+MAX_PLAIN_EXPONENT = 30  # 1e30 is written out in digits; a larger exponent stays a power of ten
+
+
+def _exponent(m: re.Match) -> str:
+    """1e3 as 1000, 2.5E-4 as 0.00025 (what the digits say, exactly); 1e400 as 1\\times10^{400}."""
+    mantissa, exponent = m.group(1), int(m.group(2))
+    if abs(exponent) > MAX_PLAIN_EXPONENT:
+        return f"{mantissa}\\times10^{{{exponent}}}"
+    digits = mantissa.replace(".", "")
+    point = (mantissa.index(".") if "." in mantissa else len(mantissa)) + exponent
+    if point <= 0:
+        digits, point = "0" * (1 - point) + digits, 1
+    digits = digits + "0" * (point - len(digits))
+    whole, fraction = digits[:point].lstrip("0") or "0", digits[point:].rstrip("0")
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _plain(s: str) -> str:
+    """The LaTeX for plain-text math: sqrt(3) and sqrt 3 are \\sqrt{3}, pi is \\pi, 1e3 is 1000."""
+    if not _PLAIN_HINT_RE.search(s):
         return s
-    had_root = "√" in s or "∛" in s or "∜" in s
-    s = _UNICODE_RE.sub(_unicode_sign, s)
-    return _roots(s) if had_root else s
+    s = _PLAIN_EXPONENT_RE.sub(_exponent, s)
+    s = _PLAIN_PI_RE.sub(lambda m: "\\pi " if s[m.end() : m.end() + 1].isalpha() else "\\pi", s)
+    if _PLAIN_SQRT_RE.search(s):
+        s = _roots(_PLAIN_SQRT_RE.sub(lambda m: "\\sqrt", s))
+    return s
+
+
+def _unicode(s: str) -> str:
+    """The LaTeX for the Unicode and plain-text math models write, answers and truths alike: 36°, −2, 3×4, π, ≤,
+    ½, √2, 2√3, √(x+1), x², x⁻¹, 1011₂, ７; sqrt(3), pi/2, 1e3 (see _plain)."""
+    if not s.isascii():
+        had_root = "√" in s or "∛" in s or "∜" in s
+        s = _UNICODE_RE.sub(_unicode_sign, s)
+        s = _roots(s) if had_root else s
+    return _plain(s)
 
 
 class _Answer(NamedTuple):
@@ -525,12 +572,19 @@ class _Answer(NamedTuple):
 
 
 MAX_BOX_SPELLINGS = 8  # more differently written boxes than this is not one answer
+MAX_ANSWER_BLOCKS = 64  # more <answer> blocks than this is not one answer
 
 
 def _agree(text: str, spans: list[tuple[int, int]]) -> tuple[bool, tuple[str, ...]]:
     """(agree, others): boxes are one answer when equal in value; others are left for sympy to compare."""
-    last = _norm(text[spans[-1][0] : spans[-1][1]])
-    spellings = {_norm(text[a:b]) for a, b in spans[:-1]} - {last}
+    return _agree_values([text[a:b] for a, b in spans])
+
+
+def _agree_values(answers: list[str]) -> tuple[bool, tuple[str, ...]]:
+    """(agree, others): final answers (boxes, <answer> blocks) are one answer when each equals the last in value;
+    others are left for sympy to compare."""
+    last = _norm(answers[-1])
+    spellings = {_norm(a) for a in answers[:-1]} - {last}
     if len(spellings) > MAX_BOX_SPELLINGS:
         return False, ()
     others = []
@@ -554,21 +608,59 @@ _CORRECTION_RE = re.compile(
 )
 
 
+def _one_block(block: str) -> _Answer:
+    """The answer one ``<answer>`` block states."""
+    if len(block) > MAX_SCAN_CHARS:
+        return _Answer(None, False, False)
+    spans = _boxed_spans(block)
+    if spans:
+        a, b = spans[-1]
+        agree, others = _agree(block, spans)
+        return _Answer(block[a:b], True, not agree, others, block)
+    return _block_answer(block)._replace(scope=block)
+
+
+def _earlier_blocks(response: str, end: int) -> list[str]:
+    """The closed ``<answer>`` blocks before response[end:] that compete with the last one: those after the
+    reasoning (a block quoted inside <think> does not count) and after the last correction before it."""
+    t_close = response.rfind(THINK_CLOSE, 0, end)
+    start = max(t_close + len(THINK_CLOSE) if t_close >= 0 else 0, end - MAX_SCAN_CHARS)
+    if response.find(ANSWER_OPEN, start, end) < 0:
+        return []
+    for cue in _CORRECTION_RE.finditer(response, start, end):
+        start = cue.end()
+    blocks = []
+    while len(blocks) <= MAX_ANSWER_BLOCKS:
+        a_open = response.find(ANSWER_OPEN, start, end)
+        if a_open < 0:
+            break
+        a_close = response.find(ANSWER_CLOSE, a_open, end)
+        if a_close < 0:
+            break
+        blocks.append(response[a_open + len(ANSWER_OPEN) : a_close])
+        start = a_close + len(ANSWER_CLOSE)
+    return blocks
+
+
 def extract_answer(response: str) -> _Answer:
-    """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning."""
+    """The final answer: the ``<answer>`` block if any, else the last ``\\boxed{}`` after the reasoning.  Several
+    blocks are one answer only when they agree in value, as several boxes are: <answer>3</answer><answer>4</answer>
+    offers two."""
     a_open = response.rfind(ANSWER_OPEN)
     if a_open >= 0:
         start = a_open + len(ANSWER_OPEN)
         a_close = response.find(ANSWER_CLOSE, start)
-        block = response[start : a_close if a_close >= 0 else len(response)]
-        if len(block) > MAX_SCAN_CHARS:
-            return _Answer(None, False, False)
-        spans = _boxed_spans(block)
-        if spans:
-            a, b = spans[-1]
-            agree, others = _agree(block, spans)
-            return _Answer(block[a:b], True, not agree, others, block)
-        return _block_answer(block)._replace(scope=block)
+        answer = _one_block(response[start : a_close if a_close >= 0 else len(response)])
+        if answer.text is None or answer.ambiguous:
+            return answer
+        earlier = [_one_block(block) for block in _earlier_blocks(response, a_open)]
+        if len(earlier) > MAX_ANSWER_BLOCKS or any(e.ambiguous for e in earlier):
+            return answer._replace(ambiguous=True)
+        texts = [e.text for e in earlier if e.text is not None]  # an empty block offers no value
+        if texts:
+            agree, others = _agree_values([*texts, answer.text])
+            answer = answer._replace(ambiguous=not agree, others=tuple(sorted({*answer.others, *others})))
+        return answer
     t_close = response.rfind(THINK_CLOSE)
     region = response[t_close + len(THINK_CLOSE) :] if t_close >= 0 else response
     region = region[-MAX_SCAN_CHARS:]
@@ -1641,6 +1733,40 @@ def _numeric_verdict(a: _Value, t: _Value) -> bool | None:
 
 
 _ASSIGNMENT_RE = re.compile(r"([a-zA-Z])=([^=<>]+)")  # x=5: the value of one variable
+_NAMED_VALUE_RE = re.compile(r"([a-zA-Z]|\\[a-zA-Z]+)=([^=<>]+)")  # x=5, \theta=2
+
+
+def _assignments(s: str) -> list[tuple[str, str]] | None:
+    """A tuple written out as the values of different unknowns, x=2,y=3 (normalised), as [(x, 2), (y, 3)]; None
+    for anything else (x=1,x=2 is a list of solutions, x=1,000 is one number)."""
+    if s.count("=") < 2 or _THOUSANDS_GROUP_RE.search(s):
+        return None
+    pairs = []
+    for part in _top_level(_ALTERNATIVES_AND_RE.sub(",", s), comma_needs_space=False) or ():
+        named = _NAMED_VALUE_RE.fullmatch(part)
+        if named is None:
+            return None
+        pairs.append((named.group(1), named.group(2)))
+    names = [name for name, _ in pairs]
+    return pairs if len(pairs) > 1 and len(set(names)) == len(names) else None
+
+
+def _assignments_verdict(a: str, t: str) -> bool | None:
+    """x=2, y=3 is the tuple (2,3): right for the same values of the same unknowns (in any order) or for the
+    point (2,3) (in the order written); never for one value nor for a set of solutions."""
+    a_pairs, t_pairs = _assignments(a), _assignments(t)
+    if a_pairs is not None and t_pairs is not None:
+        a_map, t_map = dict(a_pairs), dict(t_pairs)
+        if a_map.keys() != t_map.keys():
+            return False
+        return _all_verdict([_verdict_one(value, t_map[name]) for name, value in a_map.items()])
+    pairs, other = (a_pairs, t) if a_pairs is not None else (t_pairs, a)
+    if pairs is None:
+        return None
+    if _collection(other) != "pair":
+        return False  # two unknowns' values for one value or a set: which one is meant is not said
+    written = "(" + ",".join(value for _, value in pairs) + ")"
+    return _verdict_one(written, t) if a_pairs is not None else _verdict_one(a, written)
 
 
 _WRAPPED_WORD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mbox|mathrm)\{([a-zA-Z'-]+)\}")  # spaces gone
@@ -1684,6 +1810,7 @@ def _word_verdict(a: str, t: str) -> bool | None:
 
 
 _ALTERNATIVES_RE = re.compile(r"\\text\{(?:or|and)\}")  # 1 \text{ or } 2 after _norm
+_ALTERNATIVES_AND_RE = re.compile(r"\\text\{and\}")  # x=2 \text{ and } y=3 after _norm: a tuple
 _PLUS_MINUS_RE = re.compile(r"\\(?:pm|mp)")
 _THOUSANDS_GROUP_RE = re.compile(r"\d,\d{3}(?!\d)")
 
@@ -1904,6 +2031,10 @@ def _verdict_one(a: str, t: str) -> bool | None:
     a, t = _spelled(a) or a, _spelled(t) or t  # twelve is 12
     if a == t:
         return True
+    if "=" in a or "=" in t:
+        verdict = _assignments_verdict(a, t)  # x=2, y=3: a tuple written out (None: neither is one, or sympy)
+        if verdict is not None or _assignments(a) is not None or _assignments(t) is not None:
+            return verdict
     a_set, t_set = _ASSIGNMENT_RE.fullmatch(a), _ASSIGNMENT_RE.fullmatch(t)
     if a_set is not None and (t_set is None and "=" not in t or t_set and t_set.group(1) == a_set.group(1)):
         return _verdict_one(a_set.group(2), t_set.group(2) if t_set else t)  # x=5 for 5, or for x=5
@@ -2966,9 +3097,26 @@ class _Gold:
         return self._several
 
 
+class NoGroundTruth(ValueError):
+    """The ground truth holds no answer (None, "", a dict, an empty box): a dataset error, never a score of 0."""
+
+
+def _no_truth_message(ground_truth: Any, where: str = "") -> str:
+    shown = repr(ground_truth)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return (
+        f"{where}the ground truth {shown} holds no answer: pass the reference answer as a string, a number or a "
+        "list of them (verl: reward_model.ground_truth of each data row)"
+    )
+
+
 def _parse_truth(ground_truth: Any) -> _Gold:
-    """A ground truth as the scoring reads it; compute_score_batch calls this once per distinct truth."""
-    return _Gold(_truths(ground_truth))
+    """A ground truth as the scoring reads it; compute_score_batch calls this once per distinct truth.  Raises
+    NoGroundTruth when it holds no answer: every response would score 0 and a run would learn from the zeros."""
+    gold = _Gold(_truths(ground_truth))
+    if not gold.texts:
+        raise NoGroundTruth(_no_truth_message(ground_truth))
+    return gold
 
 
 def _truth_key(value: Any) -> tuple | None:
@@ -3044,7 +3192,8 @@ def compute_score_dict(
 ) -> dict[str, Any]:
     """Score one response: ``score`` plus ``accuracy``, ``format``, ``cot``, ``correct``, ``timed_out``.
 
-    Raises MathVerifyUnavailable when math_verify cannot be imported or run; never for any input.
+    Raises MathVerifyUnavailable when math_verify cannot be imported or run, and NoGroundTruth (a ValueError)
+    when the ground truth holds no answer (None, "", an empty box); never for any response.
     """
     timeout, workers = _options(kwargs)
     _require_math_verify(workers)
@@ -3054,7 +3203,7 @@ def compute_score_dict(
             return _zero()
         correct, timed_out = _verify(prep.answer, prep.truths, timeout, workers, gold=prep.gold)
         return _finish(prep, correct, timed_out)
-    except MathVerifyUnavailable:
+    except (MathVerifyUnavailable, NoGroundTruth):
         raise
     except Exception:  # noqa: BLE001 - a reward must never take a training step down
         return _zero()
@@ -3078,7 +3227,8 @@ def compute_score_batch(
     extra_infos: Any = None,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract."""
+    """Score a batch over the worker processes; verl's ``reward_manager=batch`` contract.  Raises as
+    compute_score_dict does, before scoring anything, naming the first item whose ground truth holds no answer."""
     timeout, workers = _options(kwargs)
     _require_math_verify(workers)
     try:
@@ -3090,7 +3240,7 @@ def compute_score_batch(
     results: list[dict[str, Any]] = [_zero() for _ in responses]
     preps: list[_Prepared | None] = []
     golds: dict[tuple, _Gold] = {}  # each distinct truth parsed once for the step (GRPO: n answers share one)
-    for response, truth in zip(responses, truths, strict=False):
+    for n, (response, truth) in enumerate(zip(responses, truths, strict=False)):
         try:
             key = _truth_key(truth)
             gold = golds.get(key) if key is not None else None
@@ -3099,6 +3249,8 @@ def compute_score_batch(
                 if key is not None:
                     golds[key] = gold
             preps.append(_prepare(response, truth, gold))
+        except NoGroundTruth:
+            raise NoGroundTruth(_no_truth_message(truth, f"item {n}: ")) from None
         except Exception:  # noqa: BLE001
             preps.append(None)
 
@@ -3262,6 +3414,8 @@ def _row_fields(row: dict, where: str = "") -> tuple[Any, Any]:
             raise ValueError(
                 f"{where}no {name}: the keys read are {', '.join(keys)}; this line has {sorted(row) or 'none'}"
             )
+    if not _truths(truth):
+        raise NoGroundTruth(_no_truth_message(truth, where))
     return response, truth
 
 
@@ -3281,7 +3435,8 @@ def _score_file(argv: list[str]) -> int:
         "score",
         help="score a JSONL file",
         description=f"Score each line of a JSONL file: the response under one of {', '.join(CLI_RESPONSE_KEYS)}, "
-        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either is an error); "
+        f"the ground truth under one of {', '.join(CLI_TRUTH_KEYS)} (a line without either, or whose truth "
+        "holds no answer, is an error); "
         "print one line per item and a summary (with --json, "
         'one JSON object per item and a last {"summary": ...} object).',
     )

@@ -205,7 +205,7 @@ def test_dict_keys_are_the_same_for_every_outcome(reward):
     outcomes = [
         reward.compute_score_dict("s", make(), "1"),
         reward.compute_score_dict("s", make("\\boxed{2}"), "1"),
-        reward.compute_score_dict("s", None, None),
+        reward.compute_score_dict("s", None, "1"),
     ]
     assert len({tuple(sorted(o)) for o in outcomes}) == 1
 

@@ -45,3 +45,33 @@ def test_pair_and_set_judged_by_one_rule_both_ways(reward, answer, truth):
 )
 def test_pairs_sets_and_points(reward, answer, truth, score):
     assert reward.compute_score("s", make(answer), truth) == score
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth", "score"),
+    [
+        # a tuple written out as the values of different unknowns (issue 61: 0 since the rule above, 1 before)
+        ("x=2, y=3", "(2,3)", 1.0),
+        ("\\boxed{x=2, y=3}", "(2,3)", 1.0),
+        ("$x=2$, $y=3$", "(2,3)", 1.0),
+        ("x = 2 and y = 3", "(2,3)", 1.0),
+        ("a=1, b=2, c=3", "(1,2,3)", 1.0),
+        ("x=2, y=\\frac{6}{2}", "(2,3)", 1.0),
+        ("y=3, x=2", "x=2, y=3", 1.0),  # the same unknowns: in any order
+        ("(2,3)", "x=2, y=3", 1.0),
+        # in the order written, and never one value or a set
+        ("x=2, y=3", "(3,2)", 0.0),
+        ("a=1, b=2, c=4", "(1,2,3)", 0.0),
+        ("x=2, y=3", "(2,3,4)", 0.0),
+        ("x=2, z=3", "x=2, y=3", 0.0),
+        ("x=2, y=3", "2", 0.0),
+        ("x=2, y=3", "3", 0.0),
+        ("x=2, y=3", "2, 3", 0.0),
+        ("x = 2 and y = 7", "7", 0.0),
+        ("x = 2 or y = 3", "(2,3)", 0.0),  # or offers alternatives, not a tuple
+        ("x=2, x=3", "(2,3)", 0.0),  # one unknown twice: a list of solutions
+        ("x=2, x=3", "2, 3", 1.0),
+    ],
+)
+def test_assignments_to_different_unknowns_are_a_tuple(reward, answer, truth, score):
+    assert reward.compute_score("s", make(answer), truth) == score

@@ -119,3 +119,44 @@ def test_one_value_stated_with_such_words_stays_right(reward, answer):
 )
 def test_when_the_truth_is_several_values_or_a_range_the_answer_is_judged(reward, answer, truth, score):
     assert reward.compute_score("s", make(answer), truth) == score
+
+
+THINK = "<think>\nStep 1: Solve it.\nStep 2: Check it.\n</think>\n"
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        ["1", "2", "3", "4"],  # issue 61: scored 0.7 against 4, where two disagreeing boxes score 0
+        ["4", "5"],
+        ["5", "4"],
+        ["\\boxed{3}", "\\boxed{4}"],
+        ["4 or 5", "4"],  # an earlier block that hedges
+        ["\\frac{1}{2}", "4"],
+    ],
+)
+def test_answer_blocks_that_disagree_score_zero_as_boxes_do(reward, blocks):
+    assert (
+        reward.compute_score("s", make("\\boxed{1} \\boxed{2} \\boxed{3} \\boxed{4}"), "4") == 0.0
+    )  # the rule
+    response = THINK + "\n".join(f"<answer>\n{b}\n</answer>" for b in blocks)
+    assert reward.compute_score("s", response, "4") == 0.0
+    assert reward.compute_score("s", response, blocks[0]) == 0.0  # whichever block the truth names
+
+
+@pytest.mark.parametrize(
+    ("response", "truth"),
+    [
+        (THINK + "<answer>\n\\boxed{4}\n</answer>\n<answer>\n4\n</answer>", "4"),  # the same value twice
+        (THINK + "<answer>\n\\frac{1}{2}\n</answer>\n<answer>\n0.5\n</answer>", "0.5"),
+        (THINK + "<answer>\n(x+1)^2\n</answer>\n<answer>\nx^2+2x+1\n</answer>", "x^2+2x+1"),  # sympy agrees
+        (THINK + "<answer>\n3\n</answer>\nWait, I made an error.\n<answer>\n4\n</answer>", "4"),  # taken back
+        (
+            "<think>\nI will write <answer>3</answer> at the end.\n</think>\n<answer>\n4\n</answer>",
+            "4",
+        ),  # quoted
+        (THINK + "<answer>\n</answer>\n<answer>\n4\n</answer>", "4"),  # an empty block offers no value
+    ],
+)
+def test_answer_blocks_that_agree_or_are_taken_back_keep_the_answer(reward, response, truth):
+    assert reward.compute_score("s", response, truth) > 0.0

@@ -45,9 +45,6 @@ HOSTILE = {  # name: (response, ground truth, score); NULs are dropped, bytes de
     "unbalanced": (make("\\boxed{1"), "1", 0.0),
     "unbalanced-no-tags": ("so \\boxed{1", "1", 0.0),
     "truth-tower": (make(), "2^{2^{2^{2^{2^{2}}}}}", 0.0),
-    "truth-none": (make(), None, 0.0),
-    "truth-dict": (make(), {"a": 1}, 0.0),
-    "truth-empty": (make(), "", 0.0),
     "long-answer": (make("\\boxed{" + "1+" * 5000 + "1}"), "1", 0.0),
 }
 

@@ -63,3 +63,42 @@ def test_trl_refuses_when_no_column_holds_an_answer():
         )
     message = str(err.value)
     assert "\n" not in message and message.endswith("the dataset's columns are ['level', 'solution']")
+
+
+# A truth that holds no answer: every response would score 0 and a run would learn from the zeros (issue 61: these
+# scored 0 silently, where a missing key is an error).  The hostile-input tests held the first three as 0.
+NO_ANSWER = [None, "", {"a": 1}, "  ", "$$", "\\boxed{}", [], [None, ""]]
+
+
+@pytest.mark.parametrize("truth", NO_ANSWER, ids=repr)
+def test_a_truth_that_holds_no_answer_is_an_error(truth):
+    reward = load_reward()
+    for score in (reward.compute_score, reward.compute_score_dict):
+        with pytest.raises(ValueError, match="holds no answer") as err:
+            score("s", make(), truth)
+        assert isinstance(err.value, reward.NoGroundTruth) and "\n" not in str(err.value)
+    with pytest.raises(reward.NoGroundTruth, match=r"^item 2: the ground truth .* holds no answer"):
+        reward.compute_score_batch(None, [make()] * 3, ["1", "1", truth])
+
+
+def test_a_truth_with_an_answer_among_others_is_scored():
+    reward = load_reward()
+    assert reward.compute_score("s", make(), [None, "", "1"]) == 1.0
+    assert (
+        reward.compute_score("s", None, "1") == 0.0
+    )  # a response that is not text is the policy's, scored 0
+
+
+@pytest.mark.parametrize("truth", ["", "$$", []], ids=repr)
+def test_cli_refuses_a_line_whose_truth_holds_no_answer(tmp_path, truth):
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        json.dumps({"response": make(), "answer": "1"})
+        + "\n"
+        + json.dumps({"response": make(), "ground_truth": truth})
+        + "\n"
+    )
+    done = cli("score", str(path))
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert "in.jsonl:2: the ground truth" in line and "holds no answer" in line
