@@ -55,12 +55,15 @@ def pip_uninstall(site: Path) -> None:
             folder.rmdir()
 
 
-def installed_modules() -> list[str]:
-    """The files the series adds to verl (each patch's `Installs:` DEST)."""
+def patches():
     from ascend_rl import overlay
 
-    patches = overlay.load_series(manifest.load_recipe(RECIPE, BASE))
-    return sorted(fp.path for p in patches for fp in p.files if fp.old_path is None)
+    return overlay.load_series(manifest.load_recipe(RECIPE, BASE))
+
+
+def installed_modules() -> list[str]:
+    """The files the series adds to verl (each patch's `Installs:` DEST)."""
+    return sorted(fp.path for p in patches() for fp in p.files if fp.old_path is None)
 
 
 def test_a_reinstalled_verl_is_cleaned_of_the_modules_an_apply_left_and_patched_again(
@@ -165,3 +168,16 @@ def test_clean_leaves_a_patched_tree_alone(tmp_path, pristine_base) -> None:
     clean = cli("clean", RECIPE, "--target", site)  # the modules belong to the applied series: not leftovers
     assert clean.returncode == 0 and "nothing to clean" in clean.stdout, clean.stdout
     assert tree_bytes(site) == patched
+
+
+def test_a_pip_installed_tree_is_told_to_reinstall_not_to_fetch(tmp_path, pristine_base) -> None:
+    site = tmp_path / "site-packages"
+    pip_install(pristine_base(BASE), site)
+    assert cli("apply", RECIPE, "--target", site).returncode == 0
+    # one patched file back as released (a partial reinstall): the patch on it is half on
+    changed = next(fp.path for p in patches() for fp in p.files if fp.old_path is not None)
+    shutil.copyfile(pristine_base(BASE) / changed, site / changed)
+    status = cli("status", RECIPE, "--target", site)
+    assert status.returncode == 1 and " conflicting " in status.stdout, status.stdout
+    assert f"pip install --force-reinstall --no-deps verl=={BASE}" in status.stdout, status.stdout
+    assert "overlay fetch" not in status.stdout and "leftovers" not in status.stdout, status.stdout
