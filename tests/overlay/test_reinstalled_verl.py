@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import py_compile
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from test_edited_trees import cli, tree_bytes
 
-from ascend_rl import manifest
+from ascend_rl import journal, manifest
+from ascend_rl.paths import REPO
 
 BASE = "0.9.1"
 RECIPE = "deepseek_r1"
@@ -181,3 +186,35 @@ def test_a_pip_installed_tree_is_told_to_reinstall_not_to_fetch(tmp_path, pristi
     assert status.returncode == 1 and " conflicting " in status.stdout, status.stdout
     assert f"pip install --force-reinstall --no-deps verl=={BASE}" in status.stdout, status.stdout
     assert "overlay fetch" not in status.stdout and "leftovers" not in status.stdout, status.stdout
+
+
+def test_clean_killed_at_every_file_boundary_is_finished_by_the_next(tmp_path, pristine_base) -> None:
+    site = tmp_path / "site-packages"
+    pip_install(pristine_base(BASE), site)
+    fresh = tree_bytes(site)
+    assert cli("apply", RECIPE, "--target", site).returncode == 0
+    pip_uninstall(site)
+    pip_install(pristine_base(BASE), site)
+    left = tree_bytes(site)
+    for n in range(1, 40):
+        for rel in set(tree_bytes(site)) - set(left):
+            (site / rel).unlink()
+        for rel, data in left.items():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_bytes(data)
+        env = {**os.environ, journal.CRASH_ENV: str(n)}
+        killed = subprocess.run(
+            [sys.executable, "-m", "ascend_rl", "overlay", "clean", RECIPE, "--target", str(site)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=300,
+        )
+        again = cli("clean", RECIPE, "--target", site)
+        assert again.returncode == 0, (n, again.stderr)
+        assert tree_bytes(site) == fresh, n
+        if killed.returncode == 0:  # it ran out of file operations to be killed after
+            break
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr)
+    assert n > 3
