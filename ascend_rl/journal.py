@@ -325,7 +325,7 @@ class Pending:
         who = f" (pid {self.pid})" if self.pid else ""
         done = len(self.files) - len(self.todo) - len(self.foreign)
         text = (
-            f"interrupted: an {self.op} of {self.series or 'a series'}{who} stopped after replacing "
+            f"interrupted: {'an' if self.op[:1] in 'aeiou' else 'a'} {self.op} of {self.series or 'a series'}{who} stopped after replacing "
             f"{done} of {len(self.files)} files; "
         )
         if self.foreign:

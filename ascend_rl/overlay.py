@@ -9,6 +9,8 @@ around this is ascend_rl/cli/overlay.py (`python3 -m ascend_rl overlay --help`).
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import os
 import shutil
 import subprocess
@@ -27,13 +29,14 @@ from ascend_rl.journal import (
     _Change,
     _commit,
     _inside,
+    _prune_empty_dirs,
     _Steps,
     leftovers,
     read_pending,
     recover,
     tree_lock,
 )
-from ascend_rl.manifest import Recipe, load_recipe, overlay_names, recipe_names, with_overlay
+from ascend_rl.manifest import Recipe, load_recipe, overlay_names, recipe_bases, recipe_names, with_overlay
 from ascend_rl.paths import REPO
 
 APPLIED, APPLICABLE, CONFLICTING = "applied", "applicable", "conflicting"
@@ -75,11 +78,17 @@ def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = Fals
             raise OverlayError(
                 f"{root} is the {recipe.project} package itself; pass its parent folder as --target"
             )
+        if (left := find_leftovers(recipe, root.resolve())) is not None:
+            raise OverlayError(left.line(recipe))
         raise OverlayError(
             f"{root} holds no {recipe.project}/ package; pass a checkout, an unpacked sdist or a site-packages folder"
         )
     found = tree_version(root, recipe.project)
     if found != recipe.version and not force:
+        if found is None and (left := find_leftovers(recipe, root.resolve())) is not None:
+            raise OverlayError(
+                left.line(recipe)
+            )  # the package was uninstalled, the modules the series added not
         raise OverlayError(wrong_tree(recipe, root, found))
     return root.resolve()
 
@@ -114,9 +123,203 @@ def installed_note(root: Path, project: str = "verl") -> str | None:
     if root.name.endswith("-packages") or any(root.glob(f"{project}-*.dist-info")):
         return (
             f"{root} holds a pip-installed {project}: reinstalling {project} (or a package that pulls it in) "
-            f"drops the patches; run `overlay status` after any pip install there"
+            f"drops the patches but leaves the modules they added, which `overlay clean` then removes; "
+            f"run `overlay status` after any pip install there"
         )
     return None
+
+
+def pip_advice(recipe: Recipe, root: Path, states: list[PatchState]) -> None:
+    """On a pip-installed tree, a blocked patch's next step is a reinstall of the package, not a fetch (a
+    site-packages folder is not fetched): rewritten in place."""
+    if installed_note(root, recipe.project) is None:
+        return
+    pin = f"{recipe.project}=={recipe.version}"
+    for st in states:
+        if st.state in BLOCKED and "overlay fetch" in st.next_step:
+            st.next_step = (
+                f"a pip-installed tree: reinstall {recipe.project} (pip install --force-reinstall --no-deps {pin}), "
+                f"then `overlay status` again"
+            )
+
+
+# --- what an earlier apply left behind -------------------------------------------------------------
+#
+# pip uninstalls (and reinstalls) by its RECORD: the files the series changed are replaced, the modules it added
+# (`Installs:`) are not pip's and stay. Those are recognised by path and content: a file where a series of this
+# repository installs one, byte for byte what it installs there, in a tree whose package is gone or, with those
+# files set aside, takes the series whole (every patch applicable: the package is as released). Only such files
+# are removed (`overlay clean`), with their bytecode; a file at such a path with other content is kept and named.
+
+
+def _sha256(data: bytes | None) -> str:
+    return hashlib.sha256(data or b"").hexdigest()
+
+
+_INSTALLED: dict[str, set[str]] | None = None
+
+
+def installed_by_series() -> dict[str, set[str]]:
+    """Each file a series of this repository adds to a tree (every recipe on every base, with and without each
+    overlay), with the sha256 of every content it puts there."""
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return _INSTALLED
+    paths: set[Path] = set()
+    for name in recipe_names():
+        for recipe in recipe_bases(name):
+            paths.update(recipe.series)
+            for extra in overlay_names():
+                try:
+                    paths.update(with_overlay(recipe, extra).series)
+                except (OverlayError, UsageError):
+                    continue
+    known: dict[str, set[str]] = {}
+    for path in sorted(paths):
+        try:
+            patch = patchset.parse(path)
+        except patchset.PatchError:
+            continue  # refused, naming it, by the command that loads its series
+        for fp in patch.files:
+            if fp.old_path is None:
+                known.setdefault(fp.path, set()).add(_sha256(patchset.apply_file(fp, None)))
+    _INSTALLED = known
+    return known
+
+
+def pip_owned(root: Path, project: str = "verl") -> set[str]:
+    """The paths pip's RECORDs in `root` list for the project (its files; never an overlay's leftover)."""
+    owned: set[str] = set()
+    for record in root.glob(f"{project}-*.dist-info/RECORD"):
+        try:
+            rows = list(csv.reader(record.read_text(errors="replace").splitlines()))
+        except (OSError, csv.Error):
+            continue
+        owned.update(row[0].strip() for row in rows if row)
+    return owned
+
+
+@dataclass
+class Leftovers:
+    """The modules an earlier apply added that are left in a tree whose package was uninstalled or reinstalled."""
+
+    root: Path
+    project: str
+    absent: bool  # the package is gone (uninstalled); else it is as released (reinstalled)
+    files: list[str]  # byte for byte what a series installs there: `overlay clean` removes them
+    caches: list[str]  # their bytecode (__pycache__), removed with them
+    kept: list[str]  # at such a path but with other content: never removed
+
+    def line(self, recipe: Recipe) -> str:
+        """One line: what is left, what removes it and what comes next."""
+        n, files = len(self.files), self.files
+        shown = ", ".join(files[:3]) + (f" and {n - 3} more" if n > 3 else "")
+        if self.absent:
+            what = (
+                f"{self.root} holds no {self.project}, only {n} modules an earlier `overlay apply` installed, "
+                f"left when {self.project} was uninstalled"
+            )
+            then = f"then install {self.project} ({self.project}=={recipe.version}) and apply"
+        else:
+            what = (
+                f"{n} modules an earlier `overlay apply` installed are left in a reinstalled {self.project}"
+            )
+            then = "then apply"
+        kept = (
+            f"; {len(self.kept)} more at such paths hold other content ({self.kept[0]}): check and move them away"
+            if self.kept
+            else ""
+        )
+        return (
+            f"{what} ({shown}): `python3 -m ascend_rl overlay clean {recipe.cli} --target {self.root}` removes "
+            f"them (--dry-run lists them), {then}{kept}"
+        )
+
+
+def find_leftovers(
+    recipe: Recipe, root: Path, view: dict[str, bytes | None] | None = None
+) -> Leftovers | None:
+    """The modules an earlier apply added that the tree at `root` still holds while its package is gone, or as
+    released once they are set aside; None when there are none, or an interrupted write is pending (its journal
+    decides first). Call with the lock held, or read-only."""
+    if view is not None or (root / TXN_NAME).exists() or (root / TXN_PREP).exists():
+        return None
+    owned = pip_owned(root, recipe.project)
+    ours: list[str] = []
+    kept: list[str] = []
+    for rel, shas in sorted(installed_by_series().items()):
+        full = root / rel
+        if rel in owned or full.is_symlink() or not full.is_file() or not full.resolve().is_relative_to(root):
+            continue
+        (ours if _sha256(full.read_bytes()) in shas else kept).append(rel)
+    if not ours:
+        return None
+    caches = sorted(
+        cached.relative_to(root).as_posix()
+        for rel in ours
+        if rel.endswith(".py")
+        for cached in (root / rel).parent.glob(f"__pycache__/{Path(rel).stem}.*.pyc")
+        if cached.is_file() and not cached.is_symlink()
+    )
+    aside = {*ours, *kept, *caches}
+    package = root / recipe.project
+    rest = package.is_dir() and any(
+        p.relative_to(root).as_posix() not in aside for p in package.rglob("*") if not p.is_dir()
+    )
+    absent = not rest and not installed_versions(root, recipe.project)
+    if not absent:
+        if tree_version(root, recipe.project) != recipe.version:
+            return None
+        states = plan(recipe, root, dict.fromkeys([*ours, *kept]))[0]
+        if any(st.state != APPLICABLE for st in states):
+            return None
+    return Leftovers(root, recipe.project, absent, ours, caches, kept)
+
+
+def leftovers_of(recipe: Recipe, root: Path, wait: float = DEFAULT_WAIT) -> Leftovers | None:
+    """find_leftovers under the tree's lock (read-only: a tree that cannot be locked is read without it)."""
+    with tree_lock(root, wait, required=False):
+        return find_leftovers(recipe, root)
+
+
+def clean_leftovers(
+    recipe: Recipe,
+    target: str | Path | None = None,
+    dry_run: bool = False,
+    wait: float = DEFAULT_WAIT,
+    log: Callable[[str], None] = print,
+) -> Leftovers | None:
+    """Remove the modules an earlier apply left in a tree whose package was uninstalled or reinstalled (and their
+    bytecode), through the journal; None when there are none. Nothing else is removed."""
+    root = Path(target) if target is not None else recipe.default_target
+    if not root.is_dir():
+        raise OverlayError(f"target {root} is not a folder; pass the folder that contains {recipe.project}/")
+    root = root.resolve()
+    with tree_lock(root, wait, required=not dry_run):
+        if _begin(root, dry_run, _Steps(), log) is not None:
+            return None  # an interrupted write is finished first; what it leaves is looked at then
+        found = find_leftovers(recipe, root)
+        version = tree_version(root, recipe.project)
+        if found is None and version != recipe.version and (root / recipe.project).is_dir():
+            paths = installed_by_series()
+            if any(
+                p.relative_to(root).as_posix() not in paths
+                for p in (root / recipe.project).rglob("*")
+                if not p.is_dir() and p.parent.name != "__pycache__"
+            ):
+                raise OverlayError(wrong_tree(recipe, root, version))
+        if found is None:
+            return None
+        if not dry_run:
+            for rel in found.caches:  # first: a kill before the journal leaves the modules to name them again
+                cached = _inside(root, rel)
+                cached.unlink(missing_ok=True)
+                _prune_empty_dirs(cached.parent, root)
+            tree = Tree(root)
+            for rel in found.files:
+                tree.set(rel, None)
+            tree.flush("clean", f"the leftovers of {recipe.name}")
+    return found
 
 
 def tree_version(root: Path, project: str = "verl") -> str | None:
@@ -427,6 +630,8 @@ def _change_series(
         # first, a series stacked on this one (another recipe's, an overlay's) that it would
         # leave on a base without the patches beneath it, or that keeps a patch from coming off.
         bad = [s for s in states if s.state in BLOCKED]
+        if bad and (left := find_leftovers(recipe, root, view)) is not None:
+            raise OverlayError(f"{left.line(recipe)}; nothing was changed")
         if (
             op == "revert"
             and all(s.state == CONFLICTING for s in bad)

@@ -4,6 +4,7 @@
     python3 -m ascend_rl overlay status qwen2_5 [--target DIR] [--wait SECONDS]
     python3 -m ascend_rl overlay apply  qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS] [--fetch]
     python3 -m ascend_rl overlay revert qwen2_5 [--target DIR] [--dry-run] [--force] [--wait SECONDS]
+    python3 -m ascend_rl overlay clean  qwen2_5 [--target DIR] [--dry-run] [--wait SECONDS]
     python3 -m ascend_rl overlay apply  qwen2_5 --with cpu    # the recipe's series, then patches/cpu/
     python3 -m ascend_rl overlay fetch  qwen2_5 --base 0.6.0  # another verl base of the recipe
     python3 -m ascend_rl overlay export deepseek_r1 --out DIR  # the series as plain diffs for git apply / quilt
@@ -28,6 +29,11 @@ apply or revert, and `status` reports it until then (the protocol: ascend_rl/jou
 An overlay (`--with NAME`, manifest patches/NAME/overlay.toml) is a series applied on top of a
 recipe's, into a tree of its own (default llm_rl/<recipe>/verl-NAME/): the CPU series that tests
 and the CPU launch profile need, never applied by a recipe launcher on an NPU host.
+
+`clean` removes what an earlier apply left in a tree whose verl was uninstalled or reinstalled since (pip removes
+the files its RECORD lists, not the modules the series added): only files byte for byte what a series of this
+repository installs at their path, in a tree whose verl is gone or, with them set aside, as released; `status`
+and `apply` name them in one line. Nothing else is removed.
 
 `export` writes the series as self-contained diffs (each module a patch installs, `Installs:` in its header,
 becomes a new-file section) and a quilt `series` file into a new folder, for `git apply`, `patch -p1` or quilt
@@ -138,10 +144,15 @@ def _parser() -> argparse.ArgumentParser:
         ("status", "show each patch as applied / applicable / conflicting"),
         ("apply", "apply the series (atomic, idempotent)"),
         ("revert", "take the series back off, last patch first (atomic)"),
+        (
+            "clean",
+            "remove the modules an earlier apply left in a tree whose verl was uninstalled or reinstalled",
+        ),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--target", help="a folder holding verl/ (checkout, unpacked sdist, site-packages)")
-        p.add_argument("--force", action="store_true", help="accept a tree of another verl version")
+        if name != "clean":
+            p.add_argument("--force", action="store_true", help="accept a tree of another verl version")
         p.add_argument(
             "--wait",
             type=float,
@@ -162,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     p_list = sub.add_parser("list", help="list the recipes and overlays, or one recipe's series in order")
     p_list.add_argument("recipe", nargs="?", help="show this recipe's patches, in series order")
     p_list.add_argument("--with", dest="overlay", metavar="OVERLAY", help="with this overlay's series on top")
-    for p in (p_list, p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+    for p in (p_list, p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert", "clean")]):
         p.add_argument(
             "--base",
             metavar="VERSION",
@@ -173,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
                 else ")"
             ),
         )
-    for p in (p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert")]):
+    for p in (p_fetch, p_export, *[sub.choices[n] for n in ("status", "apply", "revert", "clean")]):
         p.add_argument("recipe", help=f"recipe name ({', '.join(manifest.recipe_names())}) or folder")
         p.add_argument(
             "--with",
@@ -228,6 +239,8 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_OK
         overlay.fetch(recipe, args.source, dest, log=_say)
         return EXIT_OK
+    if args.command == "clean":
+        return _clean(recipe, args)
     if args.command == "apply" and args.fetch and args.target is None and not args.dry_run:
         overlay.fetch(recipe, "auto", recipe.default_target, log=_say)
     root = overlay.resolve_target(recipe, args.target, args.force)
@@ -236,15 +249,23 @@ def _run(args: argparse.Namespace) -> int:
         _say(
             f"{recipe.name}: {len(states)} patches on {root} ({recipe.project} {overlay.tree_version(root)})"
         )
+        blocked = any(st.state in overlay.BLOCKED for st in states)
+        left = overlay.leftovers_of(recipe, root, args.wait) if pending is None and blocked else None
         if pending:
             _say(f"  {pending.summary()}; the states below are the tree's once it does")
         elif note := overlay.leftovers(root):
             _say(f"  {note}; the next apply or revert removes them")
+        if left is not None:
+            _say(f"  leftovers: {left.line(recipe)}")
+            for st in states:
+                if st.state in overlay.BLOCKED:
+                    st.next_step = "remove the leftovers named above (`overlay clean`), then apply"
+        overlay.pip_advice(recipe, root, states)
         _print_states(states, root)
         _print_pending(recipe)
         # another recipe's series on the tree explains files that differ from the release: name it, not local edits
         carried = overlay.carried_series(recipe, root, args.wait)
-        if not carried and (note := overlay.content_note(recipe, root, args.wait)):
+        if not carried and left is None and (note := overlay.content_note(recipe, root, args.wait)):
             _say(f"  note: {note}")
         if note := overlay.installed_note(root, recipe.project):
             _say(f"  note: {note}")
@@ -261,6 +282,31 @@ def _run(args: argparse.Namespace) -> int:
     states = overlay.revert_series(recipe, root, args.dry_run, args.force, args.wait, _say)
     for line in overlay.revert_summary(recipe, root, states, args.dry_run):
         _say(line)
+    return EXIT_OK
+
+
+def _clean(recipe: manifest.Recipe, args: argparse.Namespace) -> int:
+    """`clean`: the leftovers of an earlier apply removed (or, --dry-run, listed), one line each, then a closing line."""
+    target = Path(args.target) if args.target else recipe.default_target
+    found = overlay.clean_leftovers(recipe, target, args.dry_run, args.wait, _say)
+    if found is None:
+        _say(f"{recipe.name}: no module an earlier apply left on {target.resolve()}; nothing to clean")
+        return EXIT_OK
+    for rel in [*found.files, *found.caches]:
+        _say(f"  remove  {rel}")
+    for rel in found.kept:
+        _say(f"  kept {rel}: not what a series of this repository installs there; check it and move it away")
+    did = "would have removed" if args.dry_run else "removed"
+    dry = " (dry run: nothing removed)" if args.dry_run else ""
+    then = (
+        f"install {recipe.project} ({recipe.project}=={recipe.version}), then apply"
+        if found.absent
+        else f"its {recipe.project} is as released: `overlay apply {recipe.cli} --target {found.root}` patches it"
+    )
+    _say(
+        f"{recipe.name}: {did} {len(found.files)} modules an earlier apply left on {found.root}"
+        f"{f' and their {len(found.caches)} bytecode files' if found.caches else ''}{dry}; {then}"
+    )
     return EXIT_OK
 
 

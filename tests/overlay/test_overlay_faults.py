@@ -111,7 +111,8 @@ def check_killed_then_recovered(tree, refs, hashes, start, capsys, verb_for) -> 
         assert tree_hash(tree) == before, f"status changed the tree after a kill at step {n}"
         if (tree / journal.TXN_NAME / journal.JOURNAL_NAME).exists():
             assert code == 1, (n, out)
-            assert f"interrupted: an {first} of deepseek_r1 on verl 0.6.0 (pid " in out, (n, out)
+            article = "an" if first == "apply" else "a"
+            assert f"interrupted: {article} {first} of deepseek_r1 on verl 0.6.0 (pid " in out, (n, out)
             assert f"completes the {first} first" in out
         elif (tree / journal.TXN_PREP).exists():  # killed before the commit: nothing changed yet
             assert before.keys() - hashes[start].keys() == {
