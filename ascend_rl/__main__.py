@@ -33,7 +33,10 @@ TOOLS = {
         "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",
     ),
-    "stack": ("ascend_rl.cli.stack", "compare the installed Ascend stack with constraints.txt"),
+    "stack": (
+        "ascend_rl.cli.stack",
+        "compare the installed Ascend stack with a verl base's constraints file (default: the default base's)",
+    ),
     "compat": (
         "ascend_rl.cli.compat",
         "resolve every import of a verl tree against the pinned wheels",
