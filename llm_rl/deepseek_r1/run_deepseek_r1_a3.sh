@@ -31,6 +31,8 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# shellcheck source=../../scripts/launcher_options.sh
+source "$REPO_DIR/scripts/launcher_options.sh"
 # What the user set in the environment that decides what runs (read before this script sets any of them): the dry
 # run's node-by-node commands carry each, so a line copied onto its node runs what this dry run checked.
 NODE_ENV=()
@@ -58,6 +60,8 @@ while [ $# -gt 0 ]; do
       [ $# -gt 1 ] || { echo "$(basename "$0"): --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
       VERL_BASE="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --*=*|--[a-z]*)
+      recipes_unknown_option "$(basename "$0")" "$1" --variant --dry-run --json --cpu --base --help; exit 2 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
