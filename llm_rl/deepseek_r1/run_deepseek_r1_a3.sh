@@ -84,6 +84,10 @@ eval "$resolved"
 # its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
 PYTHON_PATH="$(command -v "$PYTHON")"
 case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
+# as a node line names it: a Python inside this checkout (its .venv) by its path in the checkout, as the lines name
+# the scripts (run from the repository root, each node's own checkout), never this machine's folder
+NODE_PYTHON="$PYTHON_PATH"
+case "$PYTHON_PATH" in "$REPO_DIR"/*) NODE_PYTHON="${PYTHON_PATH#"$REPO_DIR"/}" ;; esac
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
@@ -250,7 +254,7 @@ if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   # Every line carries what decides the run: the base (ray_start.sh puts verl-<base> on its workers' path), the
   # Python this dry run checked with (ray_start.sh starts that Python's Ray), the node count and ranks per node,
   # and what the user set (NODE_ENV: the socket interface, the folders, ...).
-  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$PYTHON_PATH")
+  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$NODE_PYTHON")
   [ "$NNODES" = 1 ] || PLAN_ENV+=("NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
   PLAN_ENV+=("${NODE_ENV[@]}")
   {
