@@ -46,7 +46,10 @@ TOOLS = {
         "ascend_rl.cli.prepare_math",
         "MATH-lighteval parquet -> the recipe's train/test parquet",
     ),
-    "parquet2json": ("ascend_rl.cli.parquet2json", "a parquet file -> JSON lines, to read or diff"),
+    "parquet2json": (
+        "ascend_rl.cli.parquet2json",
+        "MATH-lighteval parquet file(s) -> OpenCompass's math.json (keys <type>_<n>)",
+    ),
     "tokenizer_config": (
         "ascend_rl.cli.tokenizer_config",
         "install the recipe's tokenizer_config.json into a model folder (backs up the original)",
