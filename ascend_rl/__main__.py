@@ -33,7 +33,10 @@ TOOLS = {
         "ascend_rl.cli.patchdoc",
         "list, show and check the patch headers; regenerate the README tables",
     ),
-    "stack": ("ascend_rl.cli.stack", "compare the installed Ascend stack with constraints.txt"),
+    "stack": (
+        "ascend_rl.cli.stack",
+        "compare the installed Ascend stack with a verl base's constraints file (default: the default base's)",
+    ),
     "compat": (
         "ascend_rl.cli.compat",
         "resolve every import of a verl tree against the pinned wheels",
@@ -43,7 +46,10 @@ TOOLS = {
         "ascend_rl.cli.prepare_math",
         "MATH-lighteval parquet -> the recipe's train/test parquet",
     ),
-    "parquet2json": ("ascend_rl.cli.parquet2json", "a parquet file -> JSON lines, to read or diff"),
+    "parquet2json": (
+        "ascend_rl.cli.parquet2json",
+        "MATH-lighteval parquet file(s) -> OpenCompass's math.json (keys <type>_<n>)",
+    ),
     "tokenizer_config": (
         "ascend_rl.cli.tokenizer_config",
         "install the recipe's tokenizer_config.json into a model folder (backs up the original)",

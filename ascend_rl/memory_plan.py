@@ -135,7 +135,12 @@ def model_config(path: str | None, name: str | None = None) -> tuple[dict[str, A
         if name not in KNOWN_MODELS:
             raise ValueError(f"no shipped config for model {name!r}; known: {', '.join(KNOWN_MODELS)}")
         return KNOWN_MODELS[name]
-    if path and (Path(path) / "config.json").is_file():
+    if not path:
+        raise ValueError(
+            "the launch names no model: add actor_rollout_ref.model.path=DIR (a folder with config.json) to the "
+            f"overrides, or name a shipped model with --model ({', '.join(KNOWN_MODELS)})"
+        )
+    if (Path(path) / "config.json").is_file():
         cfg = json.loads((Path(path) / "config.json").read_text())
         return cfg.get("text_config", cfg), str(Path(path) / "config.json")
     guess = known_model(path or "")

@@ -37,7 +37,7 @@ from ascend_rl.journal import (
     tree_lock,
 )
 from ascend_rl.manifest import Recipe, load_recipe, overlay_names, recipe_bases, recipe_names, with_overlay
-from ascend_rl.paths import REPO
+from ascend_rl.paths import RECIPES, REPO
 
 APPLIED, APPLICABLE, CONFLICTING = "applied", "applicable", "conflicting"
 EDITED, CARRIED = "edited", "carried"  # applied then edited by hand; a fix the tree already has
@@ -639,7 +639,11 @@ def _change_series(
         ):
             raise OverlayError(f"{above}; nothing was changed")
         if bad and op == "apply":
-            raise OverlayError(f"{bad[0].refusal('apply')}; nothing was changed")
+            see = ""
+            if bad[0].state == CONFLICTING:  # the others' lines say what to do; this one where to look
+                status = f"python3 -m ascend_rl overlay status {command_name(recipe)} --target {root}"
+                see = f" ({status} shows each patch's state)"
+            raise OverlayError(f"{bad[0].refusal('apply')}; nothing was changed{see}")
         if bad:
             tail = (
                 ""
@@ -806,6 +810,14 @@ def _fetch_git(recipe: Recipe, dest: Path, log: Callable[[str], None]) -> Path:
 
 
 # --- command line ----------------------------------------------------------------------------------
+
+
+def command_name(recipe: Recipe) -> str:
+    """How the overlay command names `recipe`: its name for a recipe under llm_rl/ ("qwen2_5 --base 0.6.0"), else
+    its folder, which the command takes as well."""
+    if (RECIPES / recipe.recipe).resolve() == recipe.folder:
+        return recipe.cli
+    return recipe.cli.replace(recipe.name.split("+", 1)[0], str(recipe.folder), 1)
 
 
 def series_on_top(

@@ -1,4 +1,4 @@
-"""Compare the installed Ascend stack with constraints.txt; exit 1 on any drift.
+"""Compare the installed Ascend stack with a verl base's constraints file; exit 1 on any drift.
 
 Run after scripts/install_npu_stack.sh (it ends with this check): a later `pip install`
 that silently replaced a pinned version (transformers, torch, ...) shows up here
@@ -6,7 +6,8 @@ before a training run does. Local version labels are ignored (torch 2.8.0+cpu is
 
 Each verl base of a recipe may pin a stack of its own: its table in recipe.toml names the file
 (`constraints = "constraints-0.9.1.txt"`), and `--recipe R --base B` checks that file; a base
-without one uses constraints.txt.
+without one uses constraints.txt. Without --base the default base's file is checked: the recipe's
+default_base, or with no --recipe the default base every recipe shares.
 
 Terms: a *recipe extra* is a pinned package that only some recipes install; a recipe lists
 its own under `[stack] extras` in llm_rl/<recipe>/recipe.toml (the DeepSeek recipe's Megatron
@@ -26,6 +27,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ascend_rl import manifest
+from ascend_rl.errors import UsageError
 from ascend_rl.paths import RECIPES, REPO
 
 GIT_SOURCE = "git-source:"
@@ -112,6 +114,33 @@ def base_constraints(recipe: str, base: str | None = None) -> Path:
     in its recipe.toml (a path from the repository root), else constraints.txt. UsageError for an unknown
     recipe or base."""
     return REPO / manifest.load_recipe(recipe, base).constraints
+
+
+def default_constraints() -> Path:
+    """The constraints file of the default base: the one every recipe's default_base names (recipe.toml).
+    UsageError when the recipes' default bases pin different stacks (then --recipe picks one)."""
+    files = {name: manifest.load_recipe(name).constraints for name in manifest.recipe_names()}
+    if len(set(files.values())) != 1:
+        said = ", ".join(f"{name}: {path}" for name, path in files.items()) or "no recipe"
+        raise UsageError(f"the recipes' default bases pin different stacks ({said}); name one with --recipe")
+    return REPO / next(iter(files.values()))
+
+
+def stacks() -> dict[str, list[str]]:
+    """Constraints file (relative to the repository root) -> the verl bases it serves across the recipes, oldest
+    first, each default base marked '(the default base)': what `stack --help` names."""
+    served: dict[str, set[str]] = {}
+    defaults = set()
+    for name in manifest.recipe_names():
+        for recipe in manifest.recipe_bases(name):
+            served.setdefault(recipe.constraints, set()).add(recipe.version)
+            if recipe.version == recipe.default:
+                defaults.add(recipe.version)
+    key = lambda v: tuple(int(p) if p.isdigit() else 0 for p in v.split("."))  # noqa: E731
+    return {
+        path: [f"{v} (the default base)" if v in defaults else v for v in sorted(bases, key=key)]
+        for path, bases in sorted(served.items(), key=lambda item: [key(v) for v in item[1]], reverse=True)
+    }
 
 
 def select_pins(

@@ -13,6 +13,9 @@ recipes_find_python() {
     base="$(sed -n 's/^default_base *= *"\([^"]*\)".*/\1/p' "$recipe_toml" | head -n 1)"
   fi
   if [ -n "${PYTHON:-}" ]; then
+    # a path relative to where the command runs (the node lines' PYTHON=.venv/bin/python3, from the repository
+    # root), made absolute before any cd
+    case "$PYTHON" in /*) ;; */*) PYTHON="$PWD/$PYTHON" ;; esac
     if "$PYTHON" -c 'import hydra, omegaconf' 2>/dev/null; then return 0; fi
     echo "$who: PYTHON=$PYTHON cannot import hydra and omegaconf (verl's config stack); unset PYTHON or point it at the environment the stack is installed in" >&2
     return 1

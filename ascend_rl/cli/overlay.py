@@ -141,7 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     p_fetch.add_argument("--dest", help="fetch into this folder instead of llm_rl/<recipe>/verl-<base>/")
     p_fetch.add_argument("--dry-run", action="store_true", help="say what would be fetched, change nothing")
     for name, text in (
-        ("status", "show each patch as applied / applicable / conflicting"),
+        (
+            "status",
+            "show each patch as applied / applicable / conflicting / edited (applied, then edited by hand) / "
+            "carried (the tree already has the fix)",
+        ),
         ("apply", "apply the series (atomic, idempotent)"),
         ("revert", "take the series back off, last patch first (atomic)"),
         (

@@ -12,7 +12,7 @@ from ascend_rl.data.util import run_cli
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Convert MATH-lighteval parquet file(s) into OpenCompass's math.json (keys <type>_<n>).",
+        description="MATH-lighteval parquet file(s) -> OpenCompass's math.json (keys <type>_<n>)",
     )
     parser.add_argument(
         "--input",

@@ -121,21 +121,28 @@ def _settings(args: argparse.Namespace) -> dict:
         settings = mp.settings_from_overrides(args.overrides, config)
         settings["_recipe"] = args.recipe
         return settings
+    wanted = (
+        "pipe a launcher's `--dry-run --json` output in (bash llm_rl/qwen2_5/run_qwen2_5_1_5b_single.sh --json | "
+        "python3 -m ascend_rl plan_memory), pass --plan FILE, or give a launch's overrides after -- "
+        "(with actor_rollout_ref.model.path=DIR or --model)"
+    )
     if args.plan in (None, "-"):
         if args.plan is None and sys.stdin.isatty():
-            raise ValueError(
-                "no launch to plan: pass --plan FILE, pipe a launcher's --json output, or overrides"
-            )
+            raise ValueError(f"no launch to plan: {wanted}")
         text = sys.stdin.read()
         where = "stdin"
     else:
         with open(args.plan, encoding="utf-8") as fh:
             text = fh.read()
         where = args.plan
+    if not text.strip():
+        raise ValueError(f"no launch to plan: {where} is empty; {wanted}")
     try:
         plan = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where} is not a launcher's JSON plan ({exc.msg}, line {exc.lineno})") from None
+        raise ValueError(
+            f"{where} is not a launcher's JSON plan ({exc.msg}, line {exc.lineno}); {wanted}"
+        ) from None
     if not isinstance(plan, dict) or "overrides" not in plan:
         raise ValueError(f"{where} has no 'overrides': give the JSON a launcher's --dry-run --json prints")
     return mp.settings_from_plan(plan)

@@ -103,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="compose and check against a patched view of the tree, write nothing, report machine checks as "
+        help="compose and check against a patched view of the tree, write nothing (but the pinned verl sdist into "
+        "the download cache when the tree is absent and the sdist is not there yet: said), report machine checks as "
         "warnings, say what a real launch would change, print the command; exit 0",
     )
     parser.add_argument(

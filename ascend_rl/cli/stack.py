@@ -1,4 +1,5 @@
-"""The stack command (ascend_rl.stack): compare the installed Ascend stack with constraints.txt; exit 1 on any drift."""
+"""The stack command (ascend_rl.stack): compare the installed Ascend stack with a verl base's constraints file (by
+default the default base's); exit 1 on any drift."""
 
 from __future__ import annotations
 
@@ -9,28 +10,38 @@ from pathlib import Path
 
 from ascend_rl import stack as _library
 from ascend_rl.errors import UsageError
-from ascend_rl.paths import REPO
 from ascend_rl.stack import (
     GIT_SOURCE,
     _norm,
     base_constraints,
     check,
+    default_constraints,
     pinned_extras,
     read_git_sources,
     read_pins,
     recipe_extras,
     requirements_under_pins,
     select_pins,
+    stacks,
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(description=_library.__doc__.splitlines()[0])
+    try:
+        served = "; ".join(f"{path}: verl {', '.join(bases)}" for path, bases in stacks().items())
+    except (UsageError, KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+        served = f"(the recipes' manifests cannot be read: {exc})"
+    parser = argparse.ArgumentParser(
+        description=_library.__doc__.splitlines()[0],
+        epilog=f"The constraints files and the verl bases each serves: {served}. Without --constraints the "
+        "base's file is checked (--base, else the default base), and a drift is answered with pip install -c "
+        "that file.",
+    )
     parser.add_argument(
         "--constraints",
         type=Path,
-        help="pins to check (default: the --base's file in recipe.toml, else constraints.txt)",
+        help="pins to check (default: the file of --base, else of the default base, as recipe.toml names it)",
     )
     parser.add_argument(
         "--recipe", help="also check this recipe's [stack] extras (llm_rl/<recipe>/recipe.toml)"
@@ -53,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         help="print FILE's requirements with each package the constraints pin left to its pin, and exit",
     )
     parser.add_argument(
-        "--git-source", metavar="NAME", help="print NAME's git URL and commit from constraints.txt and exit"
+        "--git-source",
+        metavar="NAME",
+        help="print NAME's git URL and commit from the constraints file and exit",
     )
     args = parser.parse_args(argv)
     if args.base is not None and args.recipe is None:
@@ -63,13 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.constraints is None:
-        args.constraints = REPO / "constraints.txt"
-        if args.base is not None:
-            try:
+        # the base's own stack: --base, else the default base (the recipe's, or the one every recipe shares)
+        try:
+            if args.recipe is not None:
                 args.constraints = base_constraints(args.recipe, args.base)
-            except UsageError as exc:
-                print(f"stack: error: {exc}", file=sys.stderr)
-                return 2
+            else:
+                args.constraints = default_constraints()
+        except UsageError as exc:
+            print(f"stack: error: {exc}", file=sys.stderr)
+            return 2
     if not args.constraints.is_file():
         print(f"stack: error: {args.constraints} not found; pass --constraints FILE", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@ patched copy in a scratch folder. It composes the overrides with Hydra against t
 `verl/trainer/config` in struct mode (a misspelt key is rejected with the nearest real keys), runs the tree's own
 `validate_config` on the composed config (what verl's TaskRunner asserts once Ray is up), then checks what only
 the real machine has. Only when every check passed does a launch write: the series onto the tree, the recipe's
-tokenizer config into the model folder. `--dry-run` writes nothing at all: it treats missing model, data and NPU
+tokenizer config into the model folder. `--dry-run` writes nothing but the download cache (the pinned verl sdist
+when the tree is absent and the sdist is not cached yet; its report says so): it treats missing model, data and NPU
 as warnings, says what a real launch would change, and prints the command line; with `--json` it prints the
 *plan* instead, one JSON object on stdout (the report goes to stderr): what a tool reading the launch needs, as
 data (see `launch_plan`).

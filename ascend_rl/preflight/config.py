@@ -17,7 +17,8 @@ from pathlib import Path
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -43,11 +44,35 @@ def missing_values(cfg, prefix: str = "") -> list[str]:
     return found
 
 
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def syntax_errors(overrides: list[str]) -> str | None:
+    """One line naming the first override Hydra's grammar rejects, as the user wrote it (None: they all parse).
+    Said before anything is composed: Hydra's own message names neither the override nor anything but the
+    scratch copy of the config it was composing against."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as exc:
+            why = one_line(exc).split("; See https://", 1)[0]
+            hint = "key=value"
+            if override.startswith("-"):
+                hint = "an option goes before the overrides, and a launcher's options are listed by --help"
+            elif re.search(r"[\[{]", override.partition("=")[2]):
+                hint = "a list or mapping value closes its brackets, and the whole override is quoted for the shell"
+            return f"{override}: not a valid Hydra override ({why}); want {hint} ({GRAMMAR})"
+    return None
+
+
 def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: bool = True):
     """Compose `overrides` against the tree's own trainer config (struct mode), fully resolved unless told."""
     config_dir = verl_dir / "verl" / "trainer" / "config"
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise PreflightError(f"{config_dir}/{config_name}.yaml not found; is {verl_dir} a verl tree?")
+    if bad := syntax_errors(overrides):
+        raise PreflightError(bad)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
@@ -68,7 +93,8 @@ def compose(verl_dir: Path, config_name: str, overrides: list[str], resolve: boo
             ) from None
         raise PreflightError(
             f"Hydra rejected the overrides: {message}{cause}; "
-            f"fix the key against {config_dir}/{config_name}.yaml, or prefix a new key with '+'"
+            f"fix the key against verl's {config_name} config (verl/trainer/config/{config_name}.yaml in the verl "
+            "tree), or prefix a new key with '+'"
         ) from None
     finally:
         GlobalHydra.instance().clear()
@@ -119,7 +145,8 @@ def _unknown_key_message(verl_dir: Path, config_name: str, overrides: list[str],
     """One line for an override of a key verl's config does not have: the nearest real keys, not Hydra's '+'."""
     given = next((o for o in reversed(overrides) if o.partition("=")[0] == key), key)
     near = nearest_keys(config_keys(compose(verl_dir, config_name, [], resolve=False)), key)
-    where = f"{verl_dir}/verl/trainer/config/{config_name}.yaml"
+    # verl_dir is often the preflight's scratch copy, gone when the line is read: the file by its place in any tree
+    where = f"verl/trainer/config/{config_name}.yaml in the verl tree"
     said = f"{given}: verl's {config_name} config has no key {key}"
     if key.isupper() and "." not in key:
         said += f" ({key} looks like one of the launcher's environment variables: set it before the command, {given} bash ...)"

@@ -95,10 +95,17 @@ def plan_tree(launch: Launch, verl_dir: Path, scratch: Path) -> TreePlan:
                     f"{verl_dir} ({len(todo)} of {len(states)} patches to apply: checked on a patched copy)"
                 )
                 return TreePlan(Check("verl tree", "ok", detail), view, change)
+        # the pinned sdist is read from the download cache, fetched into it first when absent: the one thing a dry
+        # run leaves behind, said in its line (a real launch would fetch it anyway)
+        cached = (artifacts.cache_dir() / spec.sdist).is_file()
         view = overlay.materialise(spec, scratch / "verl-tree", log=quiet)
+        if not cached:
+            detail += f"; downloaded {spec.sdist} into {artifacts.cache_dir()} to check against"
     except artifacts.DownloadError as exc:
         raise PreflightError(
-            f"{verl_dir} has no verl tree and the pinned one cannot be fetched: {exc}"
+            f"{verl_dir} has no verl tree and the pinned one cannot be fetched: {exc}; without the network, "
+            f"put {spec.sdist} (sha256 {spec.sdist_sha256}) into {artifacts.cache_dir()} (RECIPES_CACHE), "
+            f"or set VERL_DIR to a verl {spec.version} tree"
         ) from exc
     except OverlayError as exc:
         raise PreflightError(f"overlay apply {named} on {verl_dir} failed: overlay: error: {exc}") from exc

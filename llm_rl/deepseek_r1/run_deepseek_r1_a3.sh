@@ -31,6 +31,8 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# shellcheck source=../../scripts/launcher_options.sh
+source "$REPO_DIR/scripts/launcher_options.sh"
 # What the user set in the environment that decides what runs (read before this script sets any of them): the dry
 # run's node-by-node commands carry each, so a line copied onto its node runs what this dry run checked.
 NODE_ENV=()
@@ -58,6 +60,8 @@ while [ $# -gt 0 ]; do
       [ $# -gt 1 ] || { echo "$(basename "$0"): --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
       VERL_BASE="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --*=*|--[a-z]*)
+      recipes_unknown_option "$(basename "$0")" "$1" --variant --dry-run --json --cpu --base --help; exit 2 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -81,6 +85,10 @@ recipes_base_env  # env.sh: VLLM_USE_V1 on the vLLM 0.13 bases only
 # its absolute path (without resolving a venv's symlink), for the node-by-node commands: found before any cd
 PYTHON_PATH="$(command -v "$PYTHON")"
 case "$PYTHON_PATH" in /*) ;; *) PYTHON_PATH="$(cd "$(dirname "$PYTHON_PATH")" && pwd)/$(basename "$PYTHON_PATH")" ;; esac
+# as a node line names it: a Python inside this checkout (its .venv) by its path in the checkout, as the lines name
+# the scripts (run from the repository root, each node's own checkout), never this machine's folder
+NODE_PYTHON="$PYTHON_PATH"
+case "$PYTHON_PATH" in "$REPO_DIR"/*) NODE_PYTHON="${PYTHON_PATH#"$REPO_DIR"/}" ;; esac
 case "$PROFILE" in
   npu) CPU_OVERRIDES=(); PREFLIGHT_PROFILE=(); RUN_PYTHONPATH="${PYTHONPATH:-}" ;;
   cpu)
@@ -247,7 +255,7 @@ if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   # Every line carries what decides the run: the base (ray_start.sh puts verl-<base> on its workers' path), the
   # Python this dry run checked with (ray_start.sh starts that Python's Ray), the node count and ranks per node,
   # and what the user set (NODE_ENV: the socket interface, the folders, ...).
-  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$PYTHON_PATH")
+  PLAN_ENV=("VERL_BASE=$VERL_BASE" "PYTHON=$NODE_PYTHON")
   [ "$NNODES" = 1 ] || PLAN_ENV+=("NNODES=$NNODES" "NPUS_PER_NODE=$NPUS_PER_NODE")
   PLAN_ENV+=("${NODE_ENV[@]}")
   {

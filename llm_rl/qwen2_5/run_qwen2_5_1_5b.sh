@@ -23,6 +23,11 @@ set -euo pipefail
 
 RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$RECIPE_DIR/../.." && pwd)"
+# the name a usage error gives: run_qwen2_5_1_5b_single.sh runs this script and names itself (RECIPES_LAUNCHER)
+ME="${RECIPES_LAUNCHER:-$(basename "$0")}"
+unset RECIPES_LAUNCHER
+# shellcheck source=../../scripts/launcher_options.sh
+source "$REPO_DIR/scripts/launcher_options.sh"
 NPUS="${NPUS:-4}"
 RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_${NPUS}npu}"
 
@@ -40,20 +45,20 @@ while [ "$#" -gt 0 ]; do
     --cpu) PROFILE=cpu ;;
     --base=*) VERL_BASE="${arg#--base=}" ;;
     --base)
-      [ "$#" -gt 0 ] || { echo "$(basename "$0"): --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
+      [ "$#" -gt 0 ] || { echo "$ME: --base needs a version (e.g. --base 0.7.1)" >&2; exit 2; }
       VERL_BASE="$1"; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; exit 0 ;;
-    --*=*|--[a-z]*) echo "$(basename "$0"): unknown option '$arg'; run with --help" >&2; exit 2 ;;
+    --*=*|--[a-z]*) recipes_unknown_option "$ME" "$arg" --dry-run --json --cpu --base --help; exit 2 ;;
     *) ARGS+=("$arg") ;;
   esac
 done
 # A card count: digits, not zero however written (00 too); run_qwen2_5_1_5b_single.sh refuses the same way.
 # Checked before the profiles: the CPU profile sizes its trainer ranks by it.
 case "$NPUS" in ''|*[!0-9]*) npus_count=0 ;; *) npus_count=$((10#$NPUS)) ;; esac
-[ "$npus_count" -gt 0 ] || { echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
+[ "$npus_count" -gt 0 ] || { echo "$ME: NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2; }
 case "$PROFILE" in
   npu|cpu) ;;
-  *) echo "$(basename "$0"): PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
+  *) echo "$ME: PROFILE must be npu or cpu, not '$PROFILE'" >&2; exit 2 ;;
 esac
 
 if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
@@ -62,7 +67,7 @@ if [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
 fi
 # shellcheck source=../../scripts/find_python.sh
 source "$REPO_DIR/scripts/find_python.sh"
-recipes_find_python "$(basename "$0")" "$RECIPE_DIR/recipe.toml" || exit 1
+recipes_find_python "$ME" "$RECIPE_DIR/recipe.toml" || exit 1
 # The base (--base / VERL_BASE, else recipe.toml's default_base) and what it needs, resolved once by the manifest
 # reader: VERL_BASE, RECIPE_TREE (the default verl tree), BASE_OVERRIDES, BASE_CPU_OVERRIDES, BASE_CPU_ENV,
 # RECIPE_DIE, RECIPE_REWARD and RECIPE_REWARD_FN (the reward file and function of recipe.toml's [reward]).

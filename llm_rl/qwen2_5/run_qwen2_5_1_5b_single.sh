@@ -22,5 +22,6 @@ case "$npus_ok" in
   no|0) echo "$(basename "$0"): NPUS must be a card count (1, 4, ...), not '$NPUS'" >&2; exit 2 ;;
   *) echo "$(basename "$0"): NPUS must be 1 on this one-card launcher, not '$NPUS'; for $npus_ok cards run run_qwen2_5_1_5b.sh" >&2; exit 2 ;;
 esac
-NPUS=1 RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_single}" \
+# its usage errors name this script (RECIPES_LAUNCHER), not the one it runs
+NPUS=1 RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_single}" RECIPES_LAUNCHER="$(basename "$0")" \
   exec bash "$(dirname "${BASH_SOURCE[0]}")/run_qwen2_5_1_5b.sh" "$@"

@@ -58,9 +58,11 @@ def test_the_printed_npu_node_commands_run_the_base_variant_python_and_interface
     assert [role for role, _ in lines] == ["head"] + ["worker"] * 15 + ["job"], proc.stdout
     lines = [lines[0], lines[1], lines[-1]]  # the head, one worker (the others differ in nothing), the job
     python = str(Path(sys.executable).parent / "python3")
+    # this checkout's venv by its path in the checkout (the lines run from the repository root): not this machine's
+    named = Path(python).relative_to(REPO) if Path(python).is_relative_to(REPO) else python
     for _role, argv in lines:
         assert argv[0] == "env", argv
-        assert {"VERL_BASE=0.7.1", f"PYTHON={python}", "SOCKET_IFNAME=lo", f"VERL_DIR={tree}"} <= set(argv), (
+        assert {"VERL_BASE=0.7.1", f"PYTHON={named}", "SOCKET_IFNAME=lo", f"VERL_DIR={tree}"} <= set(argv), (
             argv
         )
     # each ray_start.sh line, run as printed (--dry-run added): that Python's Ray, the 0.7.1 tree, the interface

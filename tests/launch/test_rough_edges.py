@@ -1,6 +1,9 @@
 """Rough edges a new user hit (issue 48, item 7), each pinned so it cannot come back: an impossible layout's memory
 line, the simulated cluster's closed pipe and its purge after a plain down, and `ray start`'s NPU-detection traceback
-and `ray stop` advice on a CPU node. (The overlay's status and messages: tests/overlay/test_overlay.py.)"""
+and `ray stop` advice on a CPU node. Issue 61, item 6: a Hydra syntax error and an unknown launcher option named as
+the user wrote them, the single-card launcher naming itself, plan_memory without its input, the dry run's download
+said (and offline, where an sdist goes), node commands without this checkout's venv path, and the help texts.
+(The overlay's status and messages: tests/overlay/test_overlay.py.)"""
 
 from __future__ import annotations
 
@@ -174,3 +177,138 @@ def test_the_docs_quote_no_machines_folders():
         if any(mark in line for mark in ("/work/main", "/work/wt", "/root/.cache"))
     ]
     assert not found, found
+
+
+# --- issue 61, item 6 ---------------------------------------------------------------------------------------------
+
+QWEN, QWEN_SINGLE, DEEPSEEK = LAUNCHERS
+
+
+def _errors(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def test_a_hydra_syntax_error_names_the_override_not_a_deleted_yaml(tmp_path, verl_tree):
+    # the preflight composes against a patched copy in a scratch folder it has removed by the time the line is read
+    proc = run_launcher(QWEN, ["--dry-run", "trainer.logger=[console"], launcher_env(tmp_path, verl_tree))
+    errors = _errors(proc)
+    assert proc.returncode != 0 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr
+    assert "trainer.logger=[console" in errors[0] and "not a valid Hydra override" in errors[0], errors[0]
+    assert ".yaml" not in errors[0] and "preflight-" not in errors[0], errors[0]
+
+
+def test_an_unknown_launcher_option_gets_did_you_mean_and_the_launcher_names_itself(tmp_path, verl_tree):
+    env = launcher_env(tmp_path, verl_tree)
+    for script in LAUNCHERS:
+        proc = run_launcher(script, ["--dryrun"], env)
+        errors = _errors(proc)
+        assert proc.returncode == 2 and len(errors) == 1, (script.name, proc.stdout[-2000:] + proc.stderr)
+        assert errors[0].startswith(f"{script.name}: unknown option '--dryrun'; did you mean --dry-run?"), (
+            errors
+        )
+    # the single-card launcher's other usage errors name it too, not the four-card script it runs
+    proc = run_launcher(QWEN_SINGLE, ["--base"], env)
+    assert proc.returncode == 2 and _errors(proc) == [
+        f"{QWEN_SINGLE.name}: --base needs a version (e.g. --base 0.7.1)"
+    ]
+    proc = run_launcher(QWEN_SINGLE, ["--colour"], env)
+    assert proc.returncode == 2 and _errors(proc) == [
+        f"{QWEN_SINGLE.name}: unknown option '--colour'; run with --help"
+    ]
+
+
+def _plan_memory(*argv: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "plan_memory", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_plan_memory_without_a_launch_says_what_input_it_wants():
+    for argv, stdin in (([], ""), (["--plan", "-"], "\n"), (["--json"], "")):
+        proc = _plan_memory(*argv, stdin=stdin)
+        errors = _errors(proc)
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+        assert "Expecting value" not in errors[0] and "no launch to plan" in errors[0], errors[0]
+        assert "--dry-run --json" in errors[0] and "--plan FILE" in errors[0], errors[0]
+    # overrides without the model: the key it wants, not "None has no config.json"
+    proc = _plan_memory("--recipe", "qwen2_5", "--", "trainer.n_gpus_per_node=4")
+    errors = _errors(proc)
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "None" not in errors[0] and "actor_rollout_ref.model.path=" in errors[0], errors[0]
+    assert "--model" in errors[0], errors[0]
+
+
+def test_a_dry_run_says_it_downloaded_the_sdist_and_offline_how_to_provide_one(tmp_path, pristine_verl):
+    # the pinned sdist from a local index (the real file, fetched by pip as from PyPI); the tree is absent
+    from ascend_rl import artifacts, manifest
+
+    sdist = manifest.load_recipe("qwen2_5", "0.6.0").sdist
+    links = tmp_path / "links"
+    links.mkdir()
+    cached = artifacts.cache_dir() / sdist
+    assert cached.is_file()  # the pristine_verl fixture fetched it
+    (links / sdist).write_bytes(cached.read_bytes())
+    cache = tmp_path / "cache"
+    env = launcher_env(tmp_path, tmp_path / "no-tree", RECIPES_CACHE=str(cache))
+    local = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links), "PIP_NO_BUILD_ISOLATION": "0"}
+    proc = run_launcher(QWEN, ["--dry-run"], {**env, **local})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (cache / sdist).is_file()
+    assert f"downloaded {sdist} into {cache}" in proc.stdout, proc.stdout
+    again = run_launcher(
+        QWEN, ["--dry-run"], {**env, **local}
+    )  # cached now: nothing downloaded, nothing said
+    assert again.returncode == 0 and "downloaded" not in again.stdout, again.stdout
+    # offline: the one line says where to put the sdist
+    offline = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    empty = tmp_path / "empty-cache"
+    proc = run_launcher(QWEN, ["--dry-run"], {**env, **offline, "RECIPES_CACHE": str(empty)})
+    errors = _errors(proc)
+    assert proc.returncode == 1 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr
+    assert "cannot reach the package index" in errors[0], errors[0]
+    assert f"put {sdist} (sha256 " in errors[0] and f"into {empty} (RECIPES_CACHE)" in errors[0], errors[0]
+
+
+def test_the_node_commands_do_not_carry_this_checkouts_venv_path(tmp_path, verl_tree):
+    proc = run_launcher(DEEPSEEK, ["--dry-run"], launcher_env(tmp_path, verl_tree))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nodes = [line for line in proc.stdout.splitlines() if line.startswith("node ")]
+    assert len(nodes) == 17, proc.stdout[-3000:]
+    python = str(Path(sys.executable).parent / "python3")
+    assert python.startswith(str(REPO))  # this checkout's .venv runs the tests
+    for line in nodes:
+        assert str(REPO) not in line, line
+        assert f"PYTHON={Path(python).relative_to(REPO)} " in line, line
+
+
+def test_parquet2json_has_one_description():
+    from ascend_rl.__main__ import TOOLS
+
+    said = TOOLS["parquet2json"][1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "parquet2json", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert said in " ".join(proc.stdout.split()), (said, proc.stdout)
+    assert "math.json" in said
+
+
+def test_overlay_help_names_every_status():
+    from ascend_rl import overlay
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "overlay", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    text = " ".join(proc.stdout.split())
+    status = text[
+        text.index(" status ") : text.index(" apply ")
+    ]  # the status command's line, however wrapped
+    for state in (overlay.APPLIED, overlay.APPLICABLE, overlay.CONFLICTING, overlay.EDITED, overlay.CARRIED):
+        assert state in status, status

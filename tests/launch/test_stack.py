@@ -83,6 +83,38 @@ def test_a_base_with_a_stack_of_its_own_is_checked_against_it():
         assert proc.returncode == 2 and proc.stderr.startswith(said) and len(proc.stderr.splitlines()) == 1
 
 
+def _stack(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ascend_rl", "stack", *argv], capture_output=True, text=True, cwd=REPO
+    )
+
+
+def test_a_bare_stack_checks_the_default_bases_stack_and_advises_its_file():
+    """Issue 61, item 4: without --constraints / --base the default base's file is checked (both recipes default to
+    0.9.1, whose file is constraints-0.9.1.txt), not constraints.txt, whose advice would downgrade a 0.9.1 image."""
+    defaults = {manifest.load_recipe(name).constraints for name in manifest.recipe_names()}
+    assert defaults == {"constraints-0.9.1.txt"}, defaults  # what the recipes' recipe.toml say today
+    for argv in ([], ["--recipe", "qwen2_5"], ["--recipe", "deepseek_r1"]):
+        proc = _stack(
+            *argv, "--only", "vllm-ascend"
+        )  # vllm-ascend is not installed here: MISSING, the advice
+        assert proc.returncode == 1 and "0.23.0.post1" in proc.stdout, (argv, proc.stdout + proc.stderr)
+        assert "pip install -c constraints-0.9.1.txt <name>" in proc.stderr, (argv, proc.stderr)
+        assert "-c constraints.txt" not in proc.stderr
+    older = _stack("--recipe", "qwen2_5", "--base", "0.7.1", "--only", "vllm-ascend")
+    assert "pip install -c constraints.txt <name>" in older.stderr, older.stderr
+    assert check_stack.default_constraints() == REPO / "constraints-0.9.1.txt"
+
+
+def test_stack_help_names_both_files_and_the_bases_each_serves():
+    text = " ".join(_stack("--help").stdout.split())
+    assert "constraints-0.9.1.txt: verl 0.9.1 (the default base)" in text, text
+    assert "constraints.txt: verl 0.6.0, 0.7.1" in text, text
+    from ascend_rl.__main__ import TOOLS
+
+    assert "constraints.txt" not in TOOLS["stack"][1], TOOLS["stack"]
+
+
 def test_check_stack_fails_on_drift_and_on_a_missing_package(tmp_path):
     proc = _check(
         tmp_path, ["pytest==0.0.1", f"omegaconf=={metadata.version('omegaconf')}", "no-such-pkg-xyz==1.0"]

@@ -183,6 +183,10 @@ def test_conflicting_patch_leaves_every_file_untouched(tmp_path, verl_tree, pris
     assert tree_hash(verl_tree) == before, "a refused series must not change any file"
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "0003-conflict.patch" in err[0] and PROTOCOL in err[0] and "hunk #1" in err[0]
+    # and where to see every patch's state (issue 61, item 6)
+    assert f"python3 -m ascend_rl overlay status {recipe.resolve()} --target {verl_tree} shows" in err[0], (
+        err[0]
+    )
 
     status = cli("status", recipe, "--target", verl_tree)
     assert status.returncode == 1
