@@ -9,8 +9,10 @@ patched copy in a scratch folder. It composes the overrides with Hydra against t
 `verl/trainer/config` in struct mode (a misspelt key is rejected with the nearest real keys), runs the tree's own
 `validate_config` on the composed config (what verl's TaskRunner asserts once Ray is up), then checks what only
 the real machine has. Only when every check passed does a launch write: the series onto the tree, the recipe's
-tokenizer config into the model folder. `--dry-run` writes nothing at all: it treats missing model, data and NPU
-as warnings, says what a real launch would change, and prints the command line; with `--json` it prints the
+tokenizer config into the model folder. `--dry-run` writes nothing at all: it treats the NPU, and a model or data
+folder the launcher defaulted to and this machine lacks, as warnings (a model or data path named for the launch
+that is not there, and a data file verl cannot train on, fail it as they fail a launch), says what a real launch
+would change, and prints the command line; with `--json` it prints the
 *plan* instead, one JSON object on stdout (the report goes to stderr): what a tool reading the launch needs, as
 data (see `launch_plan`).
 
@@ -35,13 +37,16 @@ from ascend_rl.preflight.config import (
 from ascend_rl.preflight.machine import (
     LOGGER_MODULES,
     NPU_DEVICE_GLOB,
+    COLUMN_ROLES,
     check_cpu_runtime,
     check_data,
     check_logger,
     check_model,
     check_npu,
+    data_columns,
+    data_file_rows,
     install_tokenizer,
-    parquet_rows,
+    may_be_absent,
 )
 from ascend_rl.preflight.memory import MEMORY_OVERRIDE, check_memory
 from ascend_rl.preflight.plan import (
@@ -89,6 +94,7 @@ __all__ = [
     "REWARD_REGISTRIES",
     "TOKEN_BUDGET_MODULE",
     "TRAINER_CONFIGS",
+    "COLUMN_ROLES",
     "Check",
     "PreflightError",
     "RewardRegistry",
@@ -110,13 +116,15 @@ __all__ = [
     "check_verl_config",
     "compose",
     "config_keys",
+    "data_columns",
+    "data_file_rows",
     "final_overrides",
     "install_tokenizer",
     "key_facts",
     "launch_plan",
+    "may_be_absent",
     "missing_values",
     "nearest_keys",
-    "parquet_rows",
     "plan_env",
     "plan_tree",
     "prepare_tree",
