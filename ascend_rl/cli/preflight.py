@@ -17,7 +17,6 @@ from ascend_rl.errors import OverlayError
 from ascend_rl.memory_plan import short_plan_lines
 from ascend_rl.paths import REPO
 from ascend_rl.preflight import (
-    MACHINE_CHECKS,
     TRAINER_CONFIGS,
     Check,
     PreflightError,
@@ -36,6 +35,7 @@ from ascend_rl.preflight import (
     check_rollout_budget,
     check_verl_config,
     compose,
+    dry_run_view,
     install_tokenizer,
     key_facts,
     launch_plan,
@@ -223,9 +223,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         checks.append(tokenizer)
 
     if args.dry_run:
-        for c in checks:
-            if c.status == "FAIL" and c.name in MACHINE_CHECKS:
-                c.status, c.detail = "warn", f"{c.detail} (ignored in dry run)"
+        dry_run_view(checks)
     failed = [c for c in checks if c.status == "FAIL"]
     print(f"preflight {args.recipe} ({args.config_name}){' [dry run]' if args.dry_run else ''}", file=out)
     for c in checks:

@@ -35,9 +35,9 @@ from ascend_rl.preflight.config import (
     nearest_keys,
 )
 from ascend_rl.preflight.machine import (
+    COLUMN_ROLES,
     LOGGER_MODULES,
     NPU_DEVICE_GLOB,
-    COLUMN_ROLES,
     check_cpu_runtime,
     check_data,
     check_logger,
@@ -59,7 +59,7 @@ from ascend_rl.preflight.plan import (
     trainer_argv,
     trainer_command,
 )
-from ascend_rl.preflight.report import MACHINE_CHECKS, Check, PreflightError
+from ascend_rl.preflight.report import MACHINE_CHECKS, Check, PreflightError, dry_run_view
 from ascend_rl.preflight.reward import (
     REWARD_CALL,
     REWARD_LOADER,
@@ -116,6 +116,7 @@ __all__ = [
     "check_verl_config",
     "compose",
     "config_keys",
+    "dry_run_view",
     "data_columns",
     "data_file_rows",
     "final_overrides",

@@ -11,8 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -99,7 +99,13 @@ def check_model(cfg, made_by: str | None = None, absent_ok: Sequence[str] = ()) 
         how = f"{made_by} builds it there" if made_by else "download the weights there"
         if may_be_absent(path, absent_ok):
             return Check("model", "FAIL", f"{path} has no config.json; {how}, or set MODEL_DIR")
-        what = "has no config.json" if path.is_dir() else "is not a folder" if path.exists() else "does not exist"
+        what = (
+            "has no config.json"
+            if path.is_dir()
+            else "is not a folder"
+            if path.exists()
+            else "does not exist"
+        )
         # Not a machine check: the model named for this launch is not there, so a dry run fails too.
         return Check("model path", "FAIL", f"{path} {what}; {how}, or set MODEL_DIR")
     try:
@@ -183,7 +189,10 @@ def data_columns(cfg) -> dict[str, str]:
     need = {OmegaConf.select(cfg, "data.prompt_key", default=None) or "prompt": "prompt"}
     if OmegaConf.select(cfg, "reward_model.enable", default=False) is not True:
         need.setdefault("reward_model", "reward_model")
-        for key in (OmegaConf.select(cfg, "data.reward_fn_key", default=None) or "data_source", "data_source"):
+        for key in (
+            OmegaConf.select(cfg, "data.reward_fn_key", default=None) or "data_source",
+            "data_source",
+        ):
             need.setdefault(key, "data_source")
     return need
 
@@ -192,7 +201,9 @@ def _column_problem(kind, role: str) -> str | None:
     """What is wrong with a column of arrow type `kind` in `role` (None: nothing this can tell)."""
     import pyarrow as pa
 
-    if role == "reward_model" and not (pa.types.is_struct(kind) and kind.get_field_index("ground_truth") >= 0):
+    if role == "reward_model" and not (
+        pa.types.is_struct(kind) and kind.get_field_index("ground_truth") >= 0
+    ):
         return f"is {kind}, not a struct with a ground_truth field"
     if role == "prompt":
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
