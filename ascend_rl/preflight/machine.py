@@ -99,13 +99,9 @@ def check_model(cfg, made_by: str | None = None, absent_ok: Sequence[str] = ()) 
         how = f"{made_by} builds it there" if made_by else "download the weights there"
         if may_be_absent(path, absent_ok):
             return Check("model", "FAIL", f"{path} has no config.json; {how}, or set MODEL_DIR")
-        what = (
-            "has no config.json"
-            if path.is_dir()
-            else "is not a folder"
-            if path.exists()
-            else "does not exist"
-        )
+        what = "does not exist"
+        if path.exists():
+            what = "has no config.json" if path.is_dir() else "is not a folder"
         # Not a machine check: the model named for this launch is not there, so a dry run fails too.
         return Check("model path", "FAIL", f"{path} {what}; {how}, or set MODEL_DIR")
     try:
@@ -130,9 +126,11 @@ def check_data(cfg, made_by: str | None = None, absent_ok: Sequence[str] = ()) -
     train = as_list(OmegaConf.select(cfg, "data.train_files"))
     files = train + as_list(OmegaConf.select(cfg, "data.val_files"))
     paths = {f: Path(os.path.expanduser(f)) for f in files}
-    how = (f"{made_by} builds them there" if made_by else "prepare the data set (see the recipe README)") + (
-        ", or set DATA_DIR"
-    )
+
+    def how(them: str) -> str:
+        make = f"{made_by} builds {them} there" if made_by else "prepare the data set (see the recipe README)"
+        return f"{make}, or set DATA_DIR"
+
     columns = data_columns(cfg)
     rows: dict[str, int | None] = {}
     for f, path in paths.items():
@@ -142,14 +140,14 @@ def check_data(cfg, made_by: str | None = None, absent_ok: Sequence[str] = ()) -
             rows[f] = data_file_rows(path, columns)
         except PreflightError as exc:
             # Not a machine check: the file is here and verl cannot train on it, so a dry run fails too.
-            return Check("data file", "FAIL", f"{exc}; {how.replace('them', 'it')}")
+            return Check("data file", "FAIL", f"{exc}; {how('it')}")
     missing = [f for f in files if f not in rows]
     named = [f for f in missing if not may_be_absent(paths[f], absent_ok)]
     if named:
         # Not a machine check: a file named for this launch is not there, so a dry run fails too.
-        return Check("data path", "FAIL", f"{', '.join(named)} not found; {how}")
+        return Check("data path", "FAIL", f"{', '.join(named)} not found; {how('them')}")
     if missing:
-        return Check("data", "FAIL", f"{', '.join(missing)} not found; {how}")
+        return Check("data", "FAIL", f"{', '.join(missing)} not found; {how('them')}")
     batch = OmegaConf.select(cfg, "data.train_batch_size")
     counts = [rows[f] for f in train]
     if any(n is None for n in counts) or not isinstance(batch, int) or batch <= 0:

@@ -126,7 +126,7 @@ def _cfg(train: list[Path], val: list[Path], model: Path | None = None, **data_k
 
 def _dry(check):
     """The check as a dry run reports it (a machine check's failure is a warning there)."""
-    from ascend_rl.preflight import dry_run_view
+    from ascend_rl.preflight.report import dry_run_view
 
     return dry_run_view([check])[0]
 
