@@ -46,3 +46,20 @@ def exported_names(*scripts: Path) -> set[str]:
 
     pattern = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
     return {name for script in scripts for name in pattern.findall(script.read_text())}
+
+
+def write_rows(path: Path, rows: int) -> Path:
+    """A data file in the recipe's format (the columns verl's RLHFDataset and the reward read, as prepare_math writes
+    them), `rows` rows: the preflight reads every file a launch names."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ascend_rl.data.util import make_row, row_schema
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = [
+        make_row(data_source="math", problem=f"{i} + 1?", ground_truth=str(i + 1), split="x", index=i)
+        for i in range(rows)
+    ]
+    pq.write_table(pa.Table.from_pylist(table, schema=row_schema()), path)
+    return path

@@ -17,7 +17,6 @@ from ascend_rl.errors import OverlayError
 from ascend_rl.memory_plan import short_plan_lines
 from ascend_rl.paths import REPO
 from ascend_rl.preflight import (
-    MACHINE_CHECKS,
     TRAINER_CONFIGS,
     Check,
     PreflightError,
@@ -36,6 +35,7 @@ from ascend_rl.preflight import (
     check_rollout_budget,
     check_verl_config,
     compose,
+    dry_run_view,
     install_tokenizer,
     key_facts,
     launch_plan,
@@ -85,6 +85,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what builds the model and data folders (the CPU profile's: make e2e), for their not-found lines",
     )
     parser.add_argument(
+        "--may-be-absent",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a model or data path this launch may not have yet (repeatable): the launcher's own default when "
+        "MODEL_DIR / DATA_DIR are unset, or a checkpoint it writes before the trainer starts; a dry run warns when "
+        "it is absent. An absent path not given here, and a file that is there but unreadable, empty or short of "
+        "the columns verl reads, fail a dry run as they fail a launch",
+    )
+    parser.add_argument(
         "--skip-npu-check",
         action="store_true",
         help="do not require a visible NPU (for a launch host that only submits the job, e.g. a Ray head)",
@@ -104,8 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dry-run",
         action="store_true",
         help="compose and check against a patched view of the tree, write nothing (but the pinned verl sdist into "
-        "the download cache when the tree is absent and the sdist is not there yet: said), report machine checks as "
-        "warnings, say what a real launch would change, print the command; exit 0",
+        "the download cache when the tree is absent and the sdist is not there yet: said), report machine checks (an "
+        "absent default model or data folder, the NPU, ...) as warnings, say what a real launch would change, "
+        "print the command; exit 0 unless a check that is not the machine's failed",
     )
     parser.add_argument(
         "--json",
@@ -189,8 +200,8 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         check_lora(cfg),
         check_rollout_budget(cfg, tree.view),
         check_reward(cfg, tree.view),
-        check_model(cfg, args.made_by),
-        check_data(cfg, args.made_by),
+        check_model(cfg, args.made_by, args.may_be_absent),
+        check_data(cfg, args.made_by, args.may_be_absent),
         check_logger(cfg),
     ]
     if (
@@ -213,9 +224,7 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         checks.append(tokenizer)
 
     if args.dry_run:
-        for c in checks:
-            if c.status == "FAIL" and c.name in MACHINE_CHECKS:
-                c.status, c.detail = "warn", f"{c.detail} (ignored in dry run)"
+        dry_run_view(checks)
     failed = [c for c in checks if c.status == "FAIL"]
     print(f"preflight {args.recipe} ({args.config_name}){' [dry run]' if args.dry_run else ''}", file=out)
     for c in checks:

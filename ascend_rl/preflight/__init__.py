@@ -10,8 +10,10 @@ patched copy in a scratch folder. It composes the overrides with Hydra against t
 `validate_config` on the composed config (what verl's TaskRunner asserts once Ray is up), then checks what only
 the real machine has. Only when every check passed does a launch write: the series onto the tree, the recipe's
 tokenizer config into the model folder. `--dry-run` writes nothing but the download cache (the pinned verl sdist
-when the tree is absent and the sdist is not cached yet; its report says so): it treats missing model, data and NPU
-as warnings, says what a real launch would change, and prints the command line; with `--json` it prints the
+when the tree is absent and the sdist is not cached yet; its report says so): it treats the NPU, and a model or data
+folder the launcher defaulted to and this machine lacks, as warnings (a model or data path named for the launch that
+is not there, and a data file verl cannot train on, fail it as they fail a launch), says what a real launch would
+change, and prints the command line; with `--json` it prints the
 *plan* instead, one JSON object on stdout (the report goes to stderr): what a tool reading the launch needs, as
 data (see `launch_plan`).
 
@@ -34,6 +36,7 @@ from ascend_rl.preflight.config import (
     nearest_keys,
 )
 from ascend_rl.preflight.machine import (
+    COLUMN_ROLES,
     LOGGER_MODULES,
     NPU_DEVICE_GLOB,
     check_cpu_runtime,
@@ -41,8 +44,10 @@ from ascend_rl.preflight.machine import (
     check_logger,
     check_model,
     check_npu,
+    data_columns,
+    data_file_rows,
     install_tokenizer,
-    parquet_rows,
+    may_be_absent,
 )
 from ascend_rl.preflight.memory import MEMORY_OVERRIDE, check_memory
 from ascend_rl.preflight.plan import (
@@ -55,7 +60,7 @@ from ascend_rl.preflight.plan import (
     trainer_argv,
     trainer_command,
 )
-from ascend_rl.preflight.report import MACHINE_CHECKS, Check, PreflightError
+from ascend_rl.preflight.report import MACHINE_CHECKS, Check, PreflightError, dry_run_view
 from ascend_rl.preflight.reward import (
     REWARD_CALL,
     REWARD_LOADER,
@@ -90,6 +95,7 @@ __all__ = [
     "REWARD_REGISTRIES",
     "TOKEN_BUDGET_MODULE",
     "TRAINER_CONFIGS",
+    "COLUMN_ROLES",
     "Check",
     "PreflightError",
     "RewardRegistry",
@@ -111,13 +117,16 @@ __all__ = [
     "check_verl_config",
     "compose",
     "config_keys",
+    "dry_run_view",
+    "data_columns",
+    "data_file_rows",
     "final_overrides",
     "install_tokenizer",
     "key_facts",
     "launch_plan",
+    "may_be_absent",
     "missing_values",
     "nearest_keys",
-    "parquet_rows",
     "plan_env",
     "plan_tree",
     "prepare_tree",

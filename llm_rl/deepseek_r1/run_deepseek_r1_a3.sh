@@ -41,6 +41,11 @@ for name in SOCKET_IFNAME VERL_DIR MODEL_DIR MCORE_DIR RANDOM_MODEL_DIR DATA_DIR
   [ -z "${!name+x}" ] || NODE_ENV+=("$name=${!name}")
 done
 VERL_BASE="${VERL_BASE:-}"
+# The model and data folders the user left to this script (read before it or its CPU profile sets them): a dry run
+# on a machine that has not prepared them warns; an absent folder the user named fails it, as it fails a launch.
+ABSENT_OK=()
+[ -n "${MODEL_DIR:-}" ] || ABSENT_OK+=(MODEL_DIR)
+[ -n "${DATA_DIR:-}" ] || ABSENT_OK+=(DATA_DIR)
 
 VARIANT=real
 PROFILE="${PROFILE:-npu}"
@@ -238,9 +243,14 @@ case "$VARIANT" in
 esac
 OVERRIDES+=("${CPU_OVERRIDES[@]}")
 
+PREFLIGHT_PATHS=()
+for name in "${ABSENT_OK[@]}"; do PREFLIGHT_PATHS+=(--may-be-absent "${!name}"); done
+# the random checkpoint a launch writes before the trainer starts (a dry run only names it)
+[ "$MODEL_PATH" = "$MODEL_DIR" ] || PREFLIGHT_PATHS+=(--may-be-absent "$MODEL_PATH")
+
 cd "$REPO_DIR"
 "$PYTHON" -m ascend_rl preflight --recipe deepseek_r1 --base "$VERL_BASE" --config-name ppo_megatron_trainer \
-  --verl-dir "$VERL_DIR" --nnodes "$NNODES" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" \
+  --verl-dir "$VERL_DIR" --nnodes "$NNODES" "${PREFLIGHT_PROFILE[@]}" "${DRY_RUN[@]}" "${JSON[@]}" "${PREFLIGHT_PATHS[@]}" \
   "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" -- "${OVERRIDES[@]}" "${ARGS[@]}"
 if [ "${#DRY_RUN[@]}" -gt 0 ]; then
   NODES_FD=1

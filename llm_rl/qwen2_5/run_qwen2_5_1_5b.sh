@@ -30,6 +30,11 @@ unset RECIPES_LAUNCHER
 source "$REPO_DIR/scripts/launcher_options.sh"
 NPUS="${NPUS:-4}"
 RUN_NAME="${RUN_NAME:-qwen2_5_1_5b_math_${NPUS}npu}"
+# The model and data folders the user left to this script (read before it or its CPU profile sets them): a dry run
+# on a machine that has not prepared them warns; an absent folder the user named fails it, as it fails a launch.
+ABSENT_OK=()
+[ -n "${MODEL_DIR:-}" ] || ABSENT_OK+=(MODEL_DIR)
+[ -n "${DATA_DIR:-}" ] || ABSENT_OK+=(DATA_DIR)
 
 PROFILE="${PROFILE:-npu}"
 DRY_RUN=()
@@ -177,9 +182,12 @@ OVERRIDES=(
 
 OVERRIDES+=("${BASE_OVERRIDES[@]}" "${CPU_OVERRIDES[@]}")
 
+PREFLIGHT_PATHS=()
+for name in "${ABSENT_OK[@]}"; do PREFLIGHT_PATHS+=(--may-be-absent "${!name}"); done
+
 cd "$REPO_DIR"
 "$PYTHON" -m ascend_rl preflight --recipe qwen2_5 --base "$VERL_BASE" --verl-dir "$VERL_DIR" "${PREFLIGHT_PROFILE[@]}" \
-  --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" "${JSON[@]}" \
+  --tokenizer-config "$RECIPE_DIR/tokenizer_config.json" "${DRY_RUN[@]}" "${JSON[@]}" "${PREFLIGHT_PATHS[@]}" \
   "${LAUNCH_ENV[@]/#/--env=}" --env="PYTHONPATH=$TRAINER_PYTHONPATH" \
   -- "${OVERRIDES[@]}" "${ARGS[@]}"
 [ "${#DRY_RUN[@]}" -eq 0 ] || exit 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ascend_rl import ray_cluster
-from launcher_env import LAUNCHERS, dry_run_plan, exported_names, launcher_env, run_launcher
+from launcher_env import LAUNCHERS, dry_run_plan, exported_names, launcher_env, run_launcher, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "llm_rl" / "qwen2_5"
@@ -162,11 +162,8 @@ def test_trainer_exit_status_survives_tee(tmp_path, verl_tree):
     (model / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')
     data = tmp_path / "data"
     data.mkdir()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for name in ("train.parquet", "test.parquet"):  # preflight reads the row count: one batch of 256
-        pq.write_table(pa.table({"data_source": ["x"] * 256}), data / name)
+    for name in ("train.parquet", "test.parquet"):  # preflight reads the rows: one batch of 256
+        write_rows(data / name, 256)
     reward = tmp_path / "reward.py"
     reward.write_text("def compute_score(*args, **kwargs):\n    return 0.0\n")
     env = _env(tmp_path, verl_tree, MODEL_DIR=str(model), DATA_DIR=str(data), LOGGER="console")

@@ -9,11 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from launcher_env import launcher_env, run_launcher
+from launcher_env import launcher_env, run_launcher, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
@@ -138,9 +136,7 @@ def test_missing_user_reward_file_is_not_told_to_restore_the_checkout(tmp_path, 
     assert "warn" in line and "fix custom_reward_function.path" in line and "repository checkout" not in line
 
 
-def _parquet(path: Path, rows: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"data_source": ["x"] * rows}), path)
+_parquet = write_rows  # the recipe's format: the preflight reads every file's columns
 
 
 def test_too_few_rows_for_one_batch_is_refused(tmp_path, verl_tree):

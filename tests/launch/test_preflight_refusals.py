@@ -17,15 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
 from ascend_rl import preflight
 from ascend_rl.overlay import load_recipe
 from ci_policy import artifact_error_in
-from launcher_env import launcher_env, run_launcher
+from launcher_env import launcher_env, run_launcher, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / "llm_rl" / "qwen2_5" / "run_qwen2_5_1_5b_single.sh"
@@ -109,7 +107,7 @@ def _qwen_model(folder: Path, config: str = '{"model_type": "qwen2"}') -> Path:
 def _data(folder: Path, rows: int = 300) -> Path:
     folder.mkdir(parents=True)
     for name in ("train.parquet", "test.parquet"):
-        pq.write_table(pa.table({"data_source": ["x"] * rows}), folder / name)
+        write_rows(folder / name, rows)
     return folder
 
 
