@@ -157,15 +157,18 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     rows = lookup.generate(args.heldout)
     train = [r for r in rows if r["split"] == "train"]
 
+    def say(message: str) -> None:
+        print(f"{PREFIX}: {message}", flush=True)
+
     def build(model_dir: Path, data_dir: Path) -> None:
-        problems.prepare(data_dir, log=lambda msg: None, rows=rows)
+        problems.prepare(data_dir, log=lambda msg: None, rows=rows, summary=say)
         shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
         tiny_qwen2.bundled_checkpoint(
             model_dir,
             args.seed,
             args.warm_start_steps,
             shape,
-            log=lambda m: print(f"{PREFIX}: {m}", flush=True),
+            log=say,
             rows=rows,
             warm_rows=lookup.misread_key(train),
             warm_lr=3e-3,
