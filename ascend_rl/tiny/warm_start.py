@@ -17,8 +17,9 @@ _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 # The warm start's ops are small (16 x 241 tokens through a hidden-128 model): a second thread buys little on an
 # idle machine and costs much on a busy one, where every op waits at a barrier for the thread the scheduler put
-# aside. On 2 shared AVX2 cores (make demo's 600 steps) one thread took a quarter of the CPU time of two and well
-# under half the wall time, with bit-identical losses and weights (tests/harness/test_warm_start.py).
+# aside. On 2 shared AVX2 cores (2026-12-07, scripts/probes/warm_start_threads.py) a step took 0.3 s of CPU and
+# 0.7-1.1 s of wall on one thread against 1.5 s and 4.7-10.7 s on two, with losses and weights bit-identical
+# (tests/harness/test_warm_start.py); one thread also computes alike on machines with more cores.
 THREADS = 1
 
 

@@ -1,6 +1,6 @@
 """The tiny model's warm start (ascend_rl/tiny/warm_start.py), the longest part of a first `make demo`'s set-up.
 
-It runs on one torch thread (two cost four times the CPU and more than twice the wall time on two busy AVX2 cores);
+It runs on one torch thread (two cost five times the CPU and six to ten times the wall time on two busy AVX2 cores);
 that is only safe because one thread trains the model bit for bit as two do, which the real tiny Qwen2 shows here.
 Every phase of the set-up says how far it is.
 """
