@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -40,18 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from ascend_rl.harness import lookup
-    from ascend_rl.harness.inputs import MODEL_SHAPE
-    from ascend_rl.tiny import qwen2 as tiny_qwen2
+    from ascend_rl.harness import demo
     from ascend_rl.tiny import warm_start
 
-    rows = lookup.generate(64)
-    key = lookup.misread_key([r for r in rows if r["split"] == "train"])
-    config = json.loads(tiny_qwen2.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))
-    shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
-    texts = [*tiny_qwen2.bundled_texts(rows, key), config["chat_template"]]
-    tokenizer = tiny_qwen2.train_tokenizer(texts, config, shape.vocab_size, shape.max_positions)
-    model = tiny_qwen2.build_model(tokenizer, shape, seed=2)  # make demo's default seed
+    tokenizer, model, key = demo.warm_start_inputs(seed=2)  # make demo's default seed
 
     wall: dict[int, list[float]] = {t: [] for t in counts}
     cpu: dict[int, list[float]] = {t: [] for t in counts}

@@ -7,7 +7,6 @@ Every phase of the set-up says how far it is.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -46,13 +45,9 @@ def test_the_warm_start_computes_on_one_thread_and_gives_the_callers_back(monkey
 @pytest.fixture(scope="module")
 def demo_inputs():
     """The demo's own tokenizer, initial model (its shape and seed) and misread answer key."""
-    rows = lookup.generate(64)
-    key = lookup.misread_key([r for r in rows if r["split"] == "train"])
-    config = json.loads(tiny_qwen2.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))
-    shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
-    texts = [*tiny_qwen2.bundled_texts(rows, key), config["chat_template"]]
-    tokenizer = tiny_qwen2.train_tokenizer(texts, config, shape.vocab_size, shape.max_positions)
-    return tokenizer, tiny_qwen2.build_model(tokenizer, shape, seed=2), key
+    from ascend_rl.harness import demo
+
+    return demo.warm_start_inputs(seed=2)
 
 
 def test_one_thread_trains_the_demo_model_bit_for_bit_as_two_do(demo_inputs):
