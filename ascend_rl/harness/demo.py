@@ -157,15 +157,18 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     rows = lookup.generate(args.heldout)
     train = [r for r in rows if r["split"] == "train"]
 
+    def say(message: str) -> None:
+        print(f"{PREFIX}: {message}", flush=True)
+
     def build(model_dir: Path, data_dir: Path) -> None:
-        problems.prepare(data_dir, log=lambda msg: None, rows=rows)
+        problems.prepare(data_dir, log=lambda msg: None, rows=rows, summary=say)
         shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
         tiny_qwen2.bundled_checkpoint(
             model_dir,
             args.seed,
             args.warm_start_steps,
             shape,
-            log=lambda m: print(f"{PREFIX}: {m}", flush=True),
+            log=say,
             rows=rows,
             warm_rows=lookup.misread_key(train),
             warm_lr=3e-3,
@@ -179,6 +182,21 @@ def prepare_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
         "seed": args.seed,
     }
     return cached_inputs(args.out, want, build, PREFIX)
+
+
+def warm_start_inputs(seed: int = 2, heldout: int = 64):
+    """What the demo's warm start starts from, as prepare_inputs builds it: (tokenizer, initial model, the
+    misread answer key it trains on); for the probe and the test that time and compare warm starts."""
+    from ascend_rl.harness import lookup
+    from ascend_rl.tiny import qwen2 as tiny_qwen2
+
+    rows = lookup.generate(heldout)
+    key = lookup.misread_key([r for r in rows if r["split"] == "train"])
+    config = json.loads(tiny_qwen2.RECIPE_TOKENIZER_CONFIG.read_text(encoding="utf-8"))
+    shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
+    texts = [*tiny_qwen2.bundled_texts(rows, key), config["chat_template"]]
+    tokenizer = tiny_qwen2.train_tokenizer(texts, config, shape.vocab_size, shape.max_positions)
+    return tokenizer, tiny_qwen2.build_model(tokenizer, shape, seed), key
 
 
 def evaluate(name: str, model: Path, data_dir: Path, args: argparse.Namespace) -> tuple[dict, float, float]:

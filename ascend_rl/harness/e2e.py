@@ -193,11 +193,12 @@ def prepare_inputs(out: Path, warm_start_steps: int, seed: int = 1) -> tuple[Pat
     from ascend_rl.tiny import qwen2 as tiny_qwen2
 
     def build(model_dir: Path, data_dir: Path) -> None:
-        problems.prepare(data_dir, log=lambda msg: None)
+        def say(message: str) -> None:
+            print(f"e2e: {message}", flush=True)
+
+        problems.prepare(data_dir, log=lambda msg: None, summary=say)
         shape = tiny_qwen2.TinyShape(**MODEL_SHAPE)
-        tiny_qwen2.bundled_checkpoint(
-            model_dir, seed, warm_start_steps, shape, log=lambda m: print(f"e2e: {m}")
-        )
+        tiny_qwen2.bundled_checkpoint(model_dir, seed, warm_start_steps, shape, log=say)
 
     want = {"shape": MODEL_SHAPE, "warm_start_steps": warm_start_steps, "seed": seed}
     return cached_inputs(out, want, build, "e2e")

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -83,7 +84,11 @@ def shared_inputs(want: dict, build: Callable[[Path, Path], None], prefix: str) 
         shutil.rmtree(final, ignore_errors=True)  # no stamp: never complete
         tmp = root / f".{key}.{os.getpid()}"
         tmp.mkdir()
+        # minutes on two cores (the warm start): say what is coming and, at the end, how long it took
+        print(f"{prefix}: inputs: building them into {final}, once for this machine", flush=True)
+        start = time.monotonic()
         build(tmp / "model", tmp / "data")
+        print(f"{prefix}: inputs: built in {time.monotonic() - start:.0f} s", flush=True)
         (tmp / "inputs.json").write_text(json.dumps(want) + "\n")
         os.replace(tmp, final)
         return final, True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from ascend_rl.paths import REPO
@@ -30,12 +31,17 @@ def write_lighteval_dir(problems: list[dict], raw_dir: Path) -> Path:
     return raw_dir
 
 
-def prepare(out_dir: Path, log=print, rows: list[dict] | None = None) -> dict[str, Path]:
-    """Problems (default: the bundled ones) -> raw parquet -> prepare_math.convert -> {split: verl parquet path}."""
+def prepare(out_dir: Path, log=print, rows: list[dict] | None = None, summary=None) -> dict[str, Path]:
+    """Problems (default: the bundled ones) -> raw parquet -> prepare_math.convert -> {split: verl parquet path};
+    log gets prepare_math's lines, summary (if given) one line with the rows per split and the time taken."""
     from ascend_rl.data import prepare_math
 
+    start = time.monotonic()
     raw = write_lighteval_dir(load_problems() if rows is None else rows, out_dir / "raw")
     stats = prepare_math.convert(raw, out_dir, log=log)
+    if summary is not None:
+        counts = ", ".join(f"{st.written} {split}" for split, st in stats.splits.items())
+        summary(f"data: {counts} problems -> {out_dir} ({time.monotonic() - start:.0f} s)")
     return dict(stats.outputs)
 
 

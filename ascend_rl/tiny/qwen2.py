@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,20 +112,30 @@ def make_tiny_checkpoint(
     shape: TinyShape = TinyShape(),
     prepare: Callable[[object, object], None] | None = None,
     build: Callable[[object, object, int], object] | None = None,
+    log: Callable[[str], None] = lambda message: None,
 ) -> Path:
     """Train the tokenizer, build the model (build(tokenizer, shape, seed), default a Qwen2), let
-    prepare(model, tokenizer) train it, save both; return out_dir."""
+    prepare(model, tokenizer) train it, save both; return out_dir. log gets a line as each phase ends."""
     tokenizer_config = json.loads(Path(tokenizer_config_path).read_text(encoding="utf-8"))
+    start = time.monotonic()
     # The template's own text (its default system prompt) is what every prompt starts with.
     tokenizer = train_tokenizer(
         [*texts, tokenizer_config["chat_template"]], tokenizer_config, shape.vocab_size, shape.max_positions
     )
+    log(
+        f"tokenizer: {len(tokenizer)} tokens, trained on {len(texts)} texts ({time.monotonic() - start:.0f} s)"
+    )
+    start = time.monotonic()
     model = (build or build_model)(tokenizer, shape, seed)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"model: {type(model).__name__}, {params:,} parameters ({time.monotonic() - start:.0f} s)")
     if prepare is not None:
         prepare(model, tokenizer)
+    start = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
+    log(f"saved the tokenizer and the model to {out_dir} ({time.monotonic() - start:.0f} s)")
     return out_dir
 
 
@@ -152,7 +163,9 @@ def bundled_checkpoint(
             warm_start.warm_start(model, tokenizer, train, warm_start_steps, seed, lr=warm_lr, log=log)
 
     texts = bundled_texts(rows, warm_rows)
-    return make_tiny_checkpoint(out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare)
+    return make_tiny_checkpoint(
+        out_dir, texts, RECIPE_TOKENIZER_CONFIG, seed, shape=shape, prepare=prepare, log=log
+    )
 
 
 def bundled_texts(rows: list[dict] | None = None, extra_answers: list[dict] | None = None) -> list[str]:

@@ -7,12 +7,20 @@ plays the role of that SFT checkpoint (plain PyTorch, cross-entropy on the respo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z])")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+# The warm start's ops are small (16 x 241 tokens through a hidden-128 model): a second thread buys little on an
+# idle machine and costs much on a busy one, where every op waits at a barrier for the thread the scheduler put
+# aside. On 2 shared AVX2 cores (2026-12-07, scripts/probes/warm_start_threads.py) a step took 0.3 s of CPU and
+# 0.7-1.1 s of wall on one thread against 1.5 s and 4.7-10.7 s on two, with losses and weights bit-identical
+# (tests/harness/test_warm_start.py); one thread also computes alike on machines with more cores.
+THREADS = 1
 
 
 def target_response(solution: str) -> str:
@@ -57,6 +65,19 @@ def _encode(problems: list[dict], tokenizer):
     return ids, attention, labels
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to n for the block, then put back."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _response_loss(model, ids, attention, labels):
     """Mean next-token cross-entropy over the response tokens; the LM head runs on those positions only."""
     import torch.nn.functional as F
@@ -78,8 +99,15 @@ def warm_start(
     lr: float = 5e-3,
     batch_size: int = 16,
     log: Callable[[str], None] = print,
+    threads: int = THREADS,
 ) -> list[float]:
-    """Train model in place for `steps` AdamW steps (linear decay) on the problems; return the loss per step."""
+    """Train model in place for `steps` AdamW steps (linear decay) on the problems, on `threads` torch threads;
+    return the loss per step."""
+    with _torch_threads(threads):
+        return _train(model, tokenizer, problems, steps, seed, lr, batch_size, log)
+
+
+def _train(model, tokenizer, problems, steps, seed, lr, batch_size, log) -> list[float]:
     import torch
 
     ids, attention, labels = _encode(problems, tokenizer)
