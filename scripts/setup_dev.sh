@@ -35,6 +35,7 @@ cpu_pins=$(mktemp)
 log=$(mktemp)
 trap 'rm -f "$cpu_pins" "$log"' EXIT
 # Each pip step runs quietly into $log with a line every 30 s (how long, how big .venv is): scripts/step.sh.
+# shellcheck disable=SC2034  # read by scripts/step.sh
 STEP_TAG=setup STEP_DIR=$VENV STEP_LOG=$log
 # shellcheck source=scripts/step.sh
 source scripts/step.sh

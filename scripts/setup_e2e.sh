@@ -90,6 +90,7 @@ pins=$(mktemp)
 trap 'rm -f "$log" "$pins"' EXIT
 stack_pins > "$pins"
 # Each step runs quietly into $log with a heartbeat (scripts/step.sh); a failed step throws the half-built environment away.
+# shellcheck disable=SC2034  # read by scripts/step.sh
 STEP_TAG=setup-e2e STEP_DIR=$venv STEP_LOG=$log
 step_failed() { rm -rf "$venv"; }
 # shellcheck source=scripts/step.sh
