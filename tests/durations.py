@@ -37,15 +37,22 @@ def cpu_line() -> str:
 
 
 def render(
-    per_file: dict[str, list[float]], tier: str, wall_s: float, workers: str, when: str, cpu: str
+    per_file: dict[str, list[float]],
+    tier: str,
+    wall_s: float,
+    workers: str,
+    when: str,
+    cpu: str,
+    load: str = "",
 ) -> str:
-    """The record: a header of # lines, then `seconds<TAB>tests<TAB>file` rows, the longest first."""
+    """The record: a header of # lines, then `seconds<TAB>tests<TAB>file` rows, the longest first. `load` says how busy
+    the machine was (other work beside the tests inflates every figure)."""
     rows = sorted(per_file.items(), key=lambda item: (-sum(item[1]), item[0]))
     total = sum(sum(times) for times in per_file.values())
     lines = [
         f"# tier {tier}: {sum(len(t) for t in per_file.values())} tests in {len(per_file)} files; pytest wall "
         f"{wall_s:.0f} s on {workers} worker(s), {total:.0f} s of test time",
-        f"# measured {when} on {cpu}",
+        f"# measured {when} on {cpu}{load}",
         "# seconds\ttests\tfile",
     ]
     lines += [f"{sum(times):.1f}\t{len(times)}\t{path}" for path, times in rows]
@@ -74,6 +81,7 @@ class Recorder:
             self.workers,
             time.strftime("%Y-%m-%d", time.gmtime()),
             cpu_line(),
+            f"; load average over the last 15 minutes at the end {os.getloadavg()[2]:.1f}",
         )
         self.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}")

@@ -31,6 +31,7 @@ def test_a_run_writes_each_files_seconds_the_longest_first(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("# tier ci: 3 tests in 2 files; pytest wall "), lines
     assert "on 2 worker(s)" in lines[0] and lines[1].startswith("# measured ") and "cores" in lines[1], lines
+    assert "load average over the last 15 minutes at the end" in lines[1], lines
     rows = [line.split("\t") for line in lines[3:]]
     assert [(Path(r[2]).name, r[1]) for r in rows] == [("test_slow.py", "2"), ("test_quick.py", "1")], rows
     assert float(rows[0][0]) >= 0.6 > float(rows[1][0]), rows
