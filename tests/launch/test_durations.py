@@ -10,6 +10,20 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 
 
+def _pytest(tmp_path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """pytest on the given suite with tests/durations.py loaded, as run_tests.sh's pytest has it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "durations", *args],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(TESTS)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def test_a_run_writes_each_files_seconds_the_longest_first(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -18,16 +32,9 @@ def test_a_run_writes_each_files_seconds_the_longest_first(tmp_path):
     )
     (suite / "test_quick.py").write_text("def test_c():\n    pass\n")
     out = tmp_path / "durations" / "ci.tsv"
-    env = {**os.environ, "RECIPES_DURATIONS_OUT": str(out), "PYTHONPATH": str(TESTS)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "durations", "-m", "not full", "-n", "2", str(suite)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    _pytest(
+        tmp_path, {**os.environ, "RECIPES_DURATIONS_OUT": str(out)}, "-m", "not full", "-n", "2", str(suite)
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = out.read_text().splitlines()
     assert lines[0].startswith("# tier ci: 3 tests in 2 files; pytest wall "), lines
     assert "on 2 worker(s)" in lines[0] and lines[1].startswith("# measured ") and "cores" in lines[1], lines
@@ -41,17 +48,7 @@ def test_nothing_is_written_without_the_variable(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_one.py").write_text("def test_a():\n    pass\n")
-    env = {k: v for k, v in os.environ.items() if k != "RECIPES_DURATIONS_OUT"}
-    env["PYTHONPATH"] = str(TESTS)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "durations", str(suite)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _pytest(tmp_path, {k: v for k, v in os.environ.items() if k != "RECIPES_DURATIONS_OUT"}, str(suite))
     assert sorted(p.name for p in tmp_path.rglob("*.tsv")) == []
 
 
