@@ -92,7 +92,7 @@ stack_pins > "$pins"
 # Each step runs quietly into $log with a heartbeat (scripts/step.sh); a failed step throws the half-built environment away.
 # shellcheck disable=SC2034  # read by scripts/step.sh
 STEP_TAG=setup-e2e STEP_DIR=$venv STEP_LOG=$log
-step_failed() { rm -rf "$venv"; }
+step_failed() { rm -rf "$venv"; echo "setup-e2e: the half-built $venv was removed" >&2; }
 # shellcheck source=scripts/step.sh
 source scripts/step.sh
 step "creating $venv" "$PYTHON" -m venv "$venv"

@@ -21,7 +21,7 @@ step() {
   wait "$pid" || rc=$?
   if [ "$rc" -ne 0 ]; then
     grep -v "^WARNING: Location" "$STEP_LOG" | tail -15 >&2
-    echo "$STEP_TAG: failed while: ${*:0:6}...; check the network and run again (nothing half-built is kept)" >&2
+    echo "$STEP_TAG: failed while: ${*:0:6}...; check the network and run again" >&2
     if declare -F step_failed >/dev/null; then step_failed; fi
     exit 1
   fi
