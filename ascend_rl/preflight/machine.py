@@ -204,10 +204,11 @@ def _column_problem(kind, role: str) -> str | None:
     ):
         return f"is {kind}, not a struct with a ground_truth field"
     if role == "prompt":
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-            return f"is {kind}, not a list of chat messages (each a role and a content)"
-        item = kind.value_type
-        if pa.types.is_struct(item) and not all(item.get_field_index(f) >= 0 for f in ("role", "content")):
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        item = kind.value_type if listed else None
+        if not listed or (
+            pa.types.is_struct(item) and not all(item.get_field_index(f) >= 0 for f in ("role", "content"))
+        ):
             return f"is {kind}, not a list of chat messages (each a role and a content)"
     return None
 
