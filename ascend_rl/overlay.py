@@ -85,10 +85,9 @@ def resolve_target(recipe: Recipe, target: str | Path | None, force: bool = Fals
         )
     found = tree_version(root, recipe.project)
     if found != recipe.version and not force:
+        # the package was uninstalled, the modules the series added not
         if found is None and (left := find_leftovers(recipe, root.resolve())) is not None:
-            raise OverlayError(
-                left.line(recipe)
-            )  # the package was uninstalled, the modules the series added not
+            raise OverlayError(left.line(recipe))
         raise OverlayError(wrong_tree(recipe, root, found))
     return root.resolve()
 
