@@ -64,6 +64,10 @@ TOOLS = {
         "ascend_rl.run_failure",
         "one line on why a training run failed: what died, in which step",
     ),
+    "shape_check": (
+        "ascend_rl.harness.shape_check",
+        "build every rank class of a launch's Megatron layout on this CPU; compare it with the memory plan",
+    ),
     "faults": (
         "ascend_rl.harness.faults",
         "kill CPU training runs inside a checkpoint save; check the resume",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ascend_rl import manifest
+from ascend_rl import manifest, megatron_layout
 from ascend_rl import moe_reshard as mr
 
 GIB = 2**30
@@ -112,6 +112,29 @@ KNOWN_MODELS: dict[str, tuple[dict[str, Any], str]] = {
             "v_head_dim": 128,
             "vocab_size": 129280,
             "tie_word_embeddings": False,
+            # what a model build reads besides the shapes (the shape check's: Megatron-Bridge's provider refuses
+            # the expert bias of noaux_tc routing without the sigmoid score)
+            "num_key_value_heads": 128,
+            "max_position_embeddings": 163840,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 10000,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 40,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
+            "n_group": 8,
+            "topk_group": 4,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "num_nextn_predict_layers": 0,
+            "hidden_act": "silu",
         },
         "deepseek-ai/DeepSeek-R1 config.json (Hugging Face; DeepSeek-V3's shapes), MTP layer off as "
         "derive_config writes it: 671B parameters",
@@ -317,6 +340,13 @@ DEFAULTS: dict[str, Any] = {
     # sets True, _generated_ppo_megatron_trainer.yaml:459, is the HF model's; the engine recomputes only what
     # override_transformer_config asks, recompute_granularity null by default, :69)
     "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": None,
+    "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method": None,
+    "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers": None,
+    # the pipeline split megatron-core builds (ascend_rl/megatron_layout.py: the layout string, or the end stages'
+    # counts; neither: an even split, or the build is refused)
+    "actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_model_parallel_layout": None,
+    "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage": None,
+    "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage": None,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
@@ -355,8 +385,12 @@ BASE_DEFAULTS: dict[tuple[int, int], dict[str, Any]] = {
         "actor_rollout_ref.rollout.update_weights_bucket_megabytes": 2048,
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.max_num_seqs": 256,
+        # the megatron-core its constraints file pins (constraints-0.9.1.txt; megatron_layout reads it)
+        "_megatron_core": "0.16.1",
     },
 }
+# the megatron-core of the other bases (constraints.txt: 0.12.1, no pipeline layout string)
+DEFAULTS["_megatron_core"] = "0.12.1"
 # The vLLM-Ascend whose KV-cache rule the plan applies, by the verl base's (major, minor): each base's constraints
 # file pins it (constraints.txt: vllm-ascend 0.13.0; constraints-0.9.1.txt: vllm-ascend 0.23.0.post1).
 VLLM_ASCEND_OF_BASE = {(0, 9): "0.23.0.post1"}
@@ -404,6 +438,8 @@ def _value(raw: Any) -> Any:
     """A Hydra override's text as the value it means (True, 4, 0.8, a string)."""
     if not isinstance(raw, str):
         return raw
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":  # Hydra's quoted string
+        return raw[1:-1]
     low = raw.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -635,9 +671,18 @@ _QKV = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "q_proj.bias": "qkv.b
 _QKV.update({"k_proj.bias": "qkv.bias", "v_proj.bias": "qkv.bias"})
 
 
-def mcore_params(sh: Shapes, tp: int, stage: int, train: mr.TrainLayout) -> tuple[list[int], list[int]]:
+# MLA's down-projections, which TransformerEngine's layer spec keeps whole on every TP rank (TELinear,
+# parallel_mode="duplicated") and megatron-core's local spec splits over TP (a column-parallel linear); the plan
+# plans the TE spec (the NPU's); `_mcore_spec: local` plans the local one, which the shape check builds on a CPU
+MLA_DOWN_PROJ = ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa")
+
+
+def mcore_params(
+    sh: Shapes, tp: int, stage: int, train: mr.TrainLayout, local_spec: bool = False
+) -> tuple[list[int], list[int]]:
     """(dense, routed-expert) parameters one Megatron rank of `stage` holds, as element counts in megatron-core's
-    named_parameters() order (embedding, layers, final norm, output layer); experts by EP: train.ep's share."""
+    named_parameters() order (embedding, layers, final norm, output layer); experts by EP: train.ep's share.
+    `local_spec`: megatron-core's local layer spec (MLA_DOWN_PROJ split over TP), not TransformerEngine's."""
     spec = sh.spec
     gqa = any(p.name.endswith("self_attn.k_proj") for p in spec.dense_params)
     here = [p for p in spec.dense_params if train.stage_of_layer(p.layer, spec.num_layers) == stage]
@@ -645,6 +690,8 @@ def mcore_params(sh: Shapes, tp: int, stage: int, train: mr.TrainLayout) -> tupl
     outer: dict[int, list[int]] = {}
     for p in here:
         n = numel(p.shard_shape(tp))
+        if local_spec and tp > 1 and p.name.endswith(MLA_DOWN_PROJ):
+            n = numel(p.shape) // tp
         if p.layer < 0 or p.layer >= spec.num_layers:
             outer.setdefault(p.layer, []).append(n)
             continue
@@ -825,7 +872,9 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
     # main weights + Adam's two moments of the elements in its rank's part of each
     dist = bool(s[m + "use_distributed_optimizer"])
-    dense_sizes, expert_sizes = mcore_params(sh, lay.tp, stage, train_layout)
+    dense_sizes, expert_sizes = mcore_params(
+        sh, lay.tp, stage, train_layout, local_spec=str(s.get("_mcore_spec") or "te") == "local"
+    )
     dense_buf = GradBuffer.of(dense_sizes, lay.dp, dist)
     expert_buf = GradBuffer.of(expert_sizes, lay.expert_dp, dist)
     dense_n, expert_n = dense_buf.params, expert_buf.params
@@ -1082,16 +1131,28 @@ def _activation_terms(
     mb = int(s[a + "ppo_micro_batch_size_per_gpu"])
     t_train = mb * seq
     ckpt = bool(s["actor_rollout_ref.model.enable_gradient_checkpointing"])
-    if megatron_engine(s):
-        ckpt = str(s.get(a + "megatron.override_transformer_config.recompute_granularity") or "") == "full"
+    recomputed = n_layers_here if ckpt else 0
+    if lay.strategy == "megatron":
+        # Megatron recomputes what override_transformer_config asks (every base: verl's megatron workers and
+        # engine read no enable_gradient_checkpointing; megatron_layout.Recompute: block recomputes the stage's
+        # first recompute_num_layers layers, uniform all of them)
+        recomputed = megatron_layout.recompute(s).layers_recomputed(n_layers_here)
+        ckpt = recomputed > 0
     # 1F1B: stage s holds up to pp - s micro-batches' activations (fewer when the mini-batch has fewer)
     n_micro = max(
         1, int(s.get(a + "ppo_mini_batch_size", mb) or mb) * int(s.get(r + "n", 1) or 1) // (mb * lay.dp)
     )
     inflight = min(lay.pp - stage, n_micro) if lay.pp > 1 else 1
     if ckpt:
-        stored = n_layers_here * t_train * sh.hidden * 2 // lay.tp + _layer_work(sh, t_train, lay.tp)
-        how = "checkpointed layer inputs + one layer recomputed"
+        kept = n_layers_here - recomputed  # layers outside the recompute keep their activations
+        stored = (
+            recomputed * t_train * sh.hidden * 2 // lay.tp
+            + kept * _layer_work(sh, t_train, lay.tp)
+            + _layer_work(sh, t_train, lay.tp)
+        )
+        how = f"{recomputed} checkpointed layer inputs + one layer recomputed" + (
+            f" + {kept} layers' activations" if kept else ""
+        )
     else:
         stored = n_layers_here * _layer_work(sh, t_train, lay.tp)
         how = f"{n_layers_here} layers' activations"
@@ -1471,7 +1532,15 @@ def plan(
             or str(s["trainer.device"]) != "npu"
         )
     train_layout = (
-        mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp) if lay.strategy == "megatron" else None
+        mr.TrainLayout(
+            lay.world,
+            tp=lay.tp,
+            ep=lay.ep,
+            pp=lay.pp,
+            layers_per_stage=megatron_layout.pipeline_split(s, sh.spec.num_layers),
+        )
+        if lay.strategy == "megatron"
+        else None
     )
     facts = [
         ("model", f"{total_params(sh) / 1e9:.2f}B parameters ({cfg.get('model_type')})"),

@@ -45,6 +45,7 @@ from ascend_rl.preflight import (
     resolved_overrides,
     trainer_command,
 )
+from ascend_rl.preflight.shape import check_megatron_shape
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -194,8 +195,10 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         checks[2] = Check(
             checks[2].name, "skipped", f"after the layout (verl refuses it too: {checks[2].detail})"
         )
+    shape = check_megatron_shape(cfg, launch.name, launch.base)
     checks += [
         layout,
+        shape,
         check_group(cfg),
         check_lora(cfg),
         check_rollout_budget(cfg, tree.view),
@@ -208,6 +211,11 @@ def _run(args: argparse.Namespace, out, scratch: Path) -> int:
         layout.status == "FAIL"
     ):  # sizes that do not divide the devices cannot be planned (they divide by zero)
         memory, memory_plan = Check("memory", "skipped", "not planned: the layout above does not fit"), None
+    elif shape.status == "FAIL":  # nor can a split megatron-core would not build
+        memory, memory_plan = (
+            Check("memory", "skipped", "not planned: megatron-core refuses the layout"),
+            None,
+        )
     else:
         memory, memory_plan = check_memory(cfg, launch.name, args.cpu, launch.base)
     checks.append(memory)

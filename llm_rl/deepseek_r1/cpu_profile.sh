@@ -61,6 +61,11 @@ CPU_OVERRIDES=(
   actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm=False
   +actor_rollout_ref.actor.megatron.override_transformer_config.persist_layer_norm=False
   actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=local
+  # no activation recompute on the tiny model (the launch's full/block/8 is checked by the shape check's build, not
+  # run here); the pipeline split goes with PP1 in each base's cpu_overrides (recipe.toml)
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=null
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=null
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=null
   # one vLLM engine per process (vLLM data parallelism > 1 needs the cluster: patches ds-0002 / ds-0005)
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.data_parallel_size=1

@@ -189,6 +189,12 @@ OVERRIDES=(
   +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_rotary_pos_emb=True
   +actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_swiglu=True
   +actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True
+  # Activation recompute as the original recipe sets it (full, block, 8 layers per stage: every layer of a stage of
+  # at most 8; megatron_layout.Recompute), planned by plan_memory and accepted by the shape check's build. The
+  # pipeline split that goes with PP8 (61 layers do not divide over 8 stages) is each base's (recipe.toml).
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=block
+  actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=8
   # Gradients accumulated and reduced in bf16, as in the original's trainer (its MindSpeed config leaves Megatron's
   # accumulate_allreduce_grads_in_fp32 at False). verl's own DDP config says fp32: at TP4 PP8 EP8 that is a 44 GiB
   # gradient buffer per die and an update over the A3 die's 64 GiB (plan_memory; docs/deepseek_r1-evidence.md, "Memory per die").

@@ -1,0 +1,95 @@
+"""What building one rank of a Megatron layout needs on a CPU with torch.distributed's fake backend and the meta
+device (the shape check's builder, ascend_rl/harness/fake_ranks.py): each stand-in with the upstream line it
+stands in for. tests/harness/test_fake_megatron.py shows each upstream fact still holds, so a megatron-core that
+changes under a stand-in fails there, not in a silently different build.
+
+Run inside a verl tree made by the overlay's CPU series (its verl/utils/megatron/cpu_compat.py: what megatron-core
+lacks on a CPU, shared with the CPU runs) with the base's Megatron packages on PYTHONPATH. On top of cpu_compat:
+- the fake process group (torch.testing._internal.distributed.fake_pg.FakeStore, backend "fake"): every collective
+  returns at once; a process is one rank of a world of any size;
+- parallel_state.initialize_model_parallel(..., create_gloo_process_groups=False): verl's engine calls it without
+  (verl 0.9.1 engine/megatron/transformer_impl.py:271), and megatron-core's default gloo groups cannot be made on
+  the fake store (c10d: "Not implemented" from the fake backend's gloo group);
+- torch.cuda.current_device() answers the meta device: the DDP buffers (megatron-core 0.16.1
+  distributed/param_and_grad_buffer.py allocates them on it) and the rotary embedding's buffers are then shapes, no
+  bytes (cpu_compat answers the CPU, where a 671B rank's 22 GB buffer would be allocated);
+- the config builds weights without initialising them (use_cpu_initialization=True, perform_initialization=False;
+  transformer_config.py: GPU initialisation needs the CUDA RNG tracker), under `torch.device("meta")`;
+- the local norm refuses sequence parallel (torch_norm.py:32 `assert not config.sequence_parallel`), which
+  TransformerEngine's norms take: the same torch norm, its weight tagged `sequence_parallel` as TE's are;
+- the fused kernels the launch asks for exist only with TE / GPU kernels (moe_permute_fusion,
+  gradient_accumulation_fusion, moe_grouped_gemm, persist_layer_norm): off, which changes no parameter's shape
+  (SequentialMLP holds the experts grouped GEMM would: the same elements per rank).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+# override_transformer_config keys the build turns off (what only TE / GPU kernels run; no parameter changes shape)
+CPU_BUILD_OVERRIDES = {
+    "moe_permute_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "moe_grouped_gemm": False,
+    "persist_layer_norm": False,
+    "use_cpu_initialization": True,
+    "perform_initialization": False,
+}
+# keys of the launch's override_transformer_config that are MindSpeed's (NPU options megatron-core has no field for)
+MINDSPEED_KEYS = ("use_flash_attn", "use_fused_rotary_pos_emb", "use_fused_swiglu", "swap_optimizer")
+
+
+def init_fake_process_group(rank: int, world_size: int) -> None:
+    """This process as rank `rank` of a `world_size` world whose collectives do nothing."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def initialize_model_parallel(**sizes) -> None:
+    """megatron-core's parallel state as verl's engine sets it up, without the gloo groups the fake store cannot
+    make."""
+    from megatron.core import parallel_state as mpu
+
+    mpu.initialize_model_parallel(
+        use_sharp=False, nccl_communicator_config_path=None, create_gloo_process_groups=False, **sizes
+    )
+
+
+def on_meta_device() -> None:
+    """torch.cuda.current_device() as the meta device (after cpu_compat.apply(), which answers the CPU)."""
+    torch.cuda.current_device = lambda: torch.device("meta")
+
+
+def sequence_parallel_torch_norm() -> None:
+    """megatron-core's local norm with sequence parallel: built as without it, its parameters tagged as TE tags them."""
+    from megatron.core.transformer import torch_norm
+
+    wrapped = torch_norm.WrappedTorchNorm
+    if getattr(wrapped, "_recipes_sp", False):
+        return
+    plain_new = wrapped.__new__
+
+    def new(cls, config, hidden_size, *args, **kwargs):
+        if not config.sequence_parallel:
+            return plain_new(cls, config, hidden_size, *args, **kwargs)
+        unsharded = copy.copy(config)
+        unsharded.sequence_parallel = False
+        norm = plain_new(cls, unsharded, hidden_size, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    wrapped.__new__ = staticmethod(new)
+    wrapped._recipes_sp = True
+
+
+def build_overrides(launch_otc: dict) -> dict:
+    """The launch's override_transformer_config as the build takes it: MindSpeed's NPU keys dropped, what needs TE /
+    GPU kernels off, weights uninitialised."""
+    out = {k: v for k, v in launch_otc.items() if k not in MINDSPEED_KEYS}
+    out.update(CPU_BUILD_OVERRIDES)
+    return out

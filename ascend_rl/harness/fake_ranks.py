@@ -1,0 +1,242 @@
+"""Build ranks of a launch's Megatron training layout on one CPU, as verl 0.9.1's engine builds them: the shape
+check's builder (ascend_rl/shape_check.py runs it; not a user command).
+
+    python -m ascend_rl.harness.fake_ranks SPEC.json OUT.json
+
+Run in the base's e2e environment with its CPU verl tree (the overlay's CPU series: cpu_compat) and its Megatron
+packages on PYTHONPATH, and the base's CPU environment (VERL_PLATFORM=cpu ...). SPEC (JSON): model_dir (a folder
+with config.json), world, tp, pp, ep, etp, cp, vpp, sequence_parallel, dtype, use_distributed_optimizer,
+override_transformer_config, override_ddp_config, ranks: [[rank, "actor" | "ref"], ...], jobs.
+
+The modules are imported once; then each rank is built in a process of its own (a fork, `jobs` at a time), with
+torch.distributed's fake backend at the launch's world size and every tensor on the meta device
+(ascend_rl/harness/fake_megatron.py): verl's own MegatronEngine._build_tf_config (the launch's
+override_transformer_config onto Megatron-Bridge's provider, engine/megatron/transformer_impl.py:283-412) and
+make_megatron_module (the actor wrapped in megatron-core's DDP, the reference not: transformer_impl.py:465-489).
+Per rank OUT holds: the decoder layers built, dense and expert parameter elements and bytes, and for the actor each
+DDP buffer (megatron-core's own padding) with the elements the distributed optimizer gives this rank
+(DistributedOptimizer._build_model_gbuf_range); or the error megatron-core raised, in its own words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+
+
+def _engine_self(spec: dict, hf_config):
+    """What MegatronEngine._build_tf_config reads of the engine, from the launch's settings."""
+    model_config = types.SimpleNamespace(
+        hf_config=hf_config,
+        local_path=spec["model_dir"],
+        trust_remote_code=False,
+        model_type="language_model",
+        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        mtp=types.SimpleNamespace(enable=False),
+        get=lambda key, default=None: default,
+    )
+    engine_config = types.SimpleNamespace(
+        override_transformer_config=dict(spec["override_transformer_config"]),
+        dynamic_context_parallel=False,
+        vanilla_mbridge=False,
+        tensor_model_parallel_size=spec["tp"],
+        pipeline_model_parallel_size=spec["pp"],
+        expert_model_parallel_size=spec["ep"],
+        expert_tensor_parallel_size=spec["etp"],
+        virtual_pipeline_model_parallel_size=spec.get("vpp"),
+        context_parallel_size=spec.get("cp", 1),
+        sequence_parallel=bool(spec["sequence_parallel"]),
+        dtype=spec["dtype"],
+    )
+    return types.SimpleNamespace(
+        model_config=model_config,
+        engine_config=engine_config,
+        enable_routing_replay=False,
+        _qat_enabled=False,
+    )
+
+
+def build_rank(spec: dict, rank: int, role: str) -> dict:
+    """One rank, in this process: what it holds, or megatron-core's refusal."""
+    import torch
+    from transformers import AutoConfig
+    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    from ascend_rl.harness import fake_megatron
+
+    t0 = time.monotonic()
+    fake_megatron.init_fake_process_group(rank, spec["world"])
+    fake_megatron.initialize_model_parallel(
+        tensor_model_parallel_size=spec["tp"],
+        pipeline_model_parallel_size=spec["pp"],
+        virtual_pipeline_model_parallel_size=spec.get("vpp"),
+        context_parallel_size=spec.get("cp", 1),
+        expert_model_parallel_size=spec["ep"],
+        expert_tensor_parallel_size=spec["etp"],
+    )
+    fake_megatron.on_meta_device()
+    hf_config = AutoConfig.from_pretrained(spec["model_dir"])
+    engine = _engine_self(spec, hf_config)
+    MegatronEngine._build_tf_config(engine)
+    actor = role == "actor"
+    wrap = McoreModuleWrapperConfig(
+        is_value_model=False,
+        wrap_with_ddp=actor,
+        use_distributed_optimizer=bool(spec["use_distributed_optimizer"]),
+        use_layer_wise_distributed_optimizer=False,
+        use_megatron_fsdp=False,
+    )
+    with torch.device("meta"):
+        modules, _ = make_megatron_module(
+            wrap_config=wrap,
+            tf_config=None,
+            hf_config=hf_config,
+            bridge=engine.bridge,
+            provider=engine.provider,
+            override_model_config={},
+            override_ddp_config=dict(spec.get("override_ddp_config") or {}),
+            peft_cls=None,
+            peft_config=None,
+        )
+    out: dict = {"rank": rank, "role": role, "layers": 0, "dense": 0, "expert": 0, "dense_bytes": 0}
+    out["expert_bytes"] = 0
+    names = []
+    layer_numbers = set()
+    for module in modules:
+        for name, param in module.named_parameters():
+            kind = "expert" if ".mlp.experts." in name else "dense"
+            out[kind] += param.numel()
+            out[f"{kind}_bytes"] += param.numel() * param.element_size()
+            names.append(name)
+        inner = module
+        while hasattr(inner, "module"):  # DDP, then Float16Module, then the GPTModel
+            inner = inner.module
+        layers = inner.decoder.layers
+        out["layers"] += len(layers)
+        layer_numbers.update(int(layer.layer_number) for layer in layers)
+    out["layer_numbers"] = sorted(layer_numbers)
+    out["embedding"] = any("embedding." in n for n in names)
+    out["output_layer"] = any(n.endswith("output_layer.weight") for n in names)
+    if actor:
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        buffers = []
+        for module in modules:
+            for kind, group in (("dense", module.buffers), ("expert", module.expert_parallel_buffers)):
+                for buf in group:
+                    owned = None
+                    if spec["use_distributed_optimizer"]:
+                        owned = sum(
+                            entry["param"].size
+                            for index in range(len(buf.buckets))
+                            for entry in DistributedOptimizer._build_model_gbuf_range(buf, index)[
+                                "param_map"
+                            ].values()
+                        )
+                    buffers.append(
+                        {
+                            "kind": kind,
+                            "numel": int(buf.numel),
+                            "params": int(sum(p.numel() for p in buf.params)),
+                            "param_dtype": str(buf.param_dtype).replace("torch.", ""),
+                            "grad_dtype": str(buf.grad_dtype).replace("torch.", ""),
+                            "dp": int(buf.data_parallel_world_size),
+                            "owned": owned,
+                        }
+                    )
+        out["buffers"] = buffers
+    out["wall_s"] = round(time.monotonic() - t0, 2)
+    return out
+
+
+def _child(spec: dict, rank: int, role: str, path: Path) -> None:
+    try:
+        result = build_rank(spec, rank, role)
+    except BaseException as exc:  # noqa: BLE001 - megatron-core refuses with AssertionError and ValueError alike
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}"
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        result = {"rank": rank, "role": role, "error": f"{type(exc).__name__}: {said}", "where": where}
+    path.write_text(json.dumps(result))
+
+
+# a rank that has not built by then is stopped (a fork of a threaded process can hang): its row says so
+RANK_TIMEOUT_S = 600
+
+
+def _wait_one(running: dict, deadline: float) -> tuple[int, int]:
+    """The next child to end; a child still running at `deadline` is killed (and reported as died)."""
+    import signal
+
+    while True:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            return pid, status
+        if time.monotonic() > deadline:
+            for child in running:
+                os.kill(child, signal.SIGKILL)
+            return os.wait()
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr if len(argv) != 1 else sys.stdout)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    spec = json.loads(Path(argv[0]).read_text())
+    out_path = Path(argv[1])
+    t0 = time.monotonic()
+    # the imports, once: every child inherits them
+    import torch  # noqa: F401
+    from transformers import AutoConfig  # noqa: F401
+    from verl.utils.megatron import cpu_compat
+    from verl.utils.megatron_utils import make_megatron_module  # noqa: F401
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine  # noqa: F401
+
+    from ascend_rl.harness import fake_megatron
+
+    cpu_compat.apply()
+    cpu_compat.import_megatron_bridge()
+    fake_megatron.sequence_parallel_torch_norm()
+    imported = time.monotonic() - t0
+    work = out_path.with_suffix(".ranks")
+    work.mkdir(parents=True, exist_ok=True)
+    pending = [(int(r), str(role)) for r, role in spec["ranks"]]
+    running: dict[int, tuple[int, str, Path]] = {}
+    results = []
+    jobs = max(1, int(spec.get("jobs") or 1))
+    while pending or running:
+        while pending and len(running) < jobs:
+            rank, role = pending.pop(0)
+            path = work / f"{role}-{rank}.json"
+            path.unlink(missing_ok=True)
+            pid = os.fork()
+            if pid == 0:  # the child: one rank, then out without the parent's clean-up
+                try:
+                    _child(spec, rank, role, path)
+                finally:
+                    os._exit(0)
+            running[pid] = (rank, role, path)
+            print(f"fake_ranks: building {role} rank {rank}", file=sys.stderr, flush=True)
+        pid, status = _wait_one(running, deadline=time.monotonic() + RANK_TIMEOUT_S)
+        rank, role, path = running.pop(pid)
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+        else:
+            results.append(
+                {"rank": rank, "role": role, "error": f"the build process died (wait status {status})"}
+            )
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"imports_s": round(imported, 2), "ranks": results}, indent=1))
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
