@@ -9,7 +9,7 @@ transformer_config.py; 0.12.1 has the first two only):
 - `num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage`: the named end stages take that many,
   the middle stages split the rest evenly or the config is refused (transformer_config.py:1361-1414);
 - neither: every stage num_layers / PP, or the model build is refused ("num_layers should be divisible by
-  pipeline_model_parallel_size", transformer_block.py:156, from gpt_layer_specs.py:626).
+  pipeline_model_parallel_size", transformer_block.py:155, from gpt_layer_specs.py:626).
 verl passes all three through `actor_rollout_ref.<role>.megatron.override_transformer_config` (0.9.1: onto
 Megatron-Bridge's provider, engine/megatron/transformer_impl.py:371-372; 0.6.0 / 0.7.1: into the TransformerConfig
 its converter builds, models/mcore/config_converter.py).
@@ -28,7 +28,7 @@ FIRST_KEY = OTC + "num_layers_in_first_pipeline_stage"
 LAST_KEY = OTC + "num_layers_in_last_pipeline_stage"
 RECOMPUTE_KEYS = tuple(OTC + k for k in ("recompute_granularity", "recompute_method", "recompute_num_layers"))
 PP_KEY = "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"
-# megatron-core's own words for the even split it needs when the launch names none (transformer_block.py:156)
+# megatron-core's own words for the even split it needs when the launch names none (transformer_block.py:155)
 MCORE_EVEN_SPLIT = "num_layers should be divisible by pipeline_model_parallel_size"
 
 

@@ -93,3 +93,105 @@ def build_overrides(launch_otc: dict) -> dict:
     out = {k: v for k, v in launch_otc.items() if k not in MINDSPEED_KEYS}
     out.update(CPU_BUILD_OVERRIDES)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ upstream facts
+
+
+def _fact_gloo_groups_need_a_real_store() -> str:
+    """Without create_gloo_process_groups=False, initialize_model_parallel fails on the fake store."""
+    init_fake_process_group(0, 8)
+    from megatron.core import parallel_state as mpu
+
+    try:
+        mpu.initialize_model_parallel(tensor_model_parallel_size=2)
+    except Exception as exc:  # noqa: BLE001 - whatever the fake backend raises
+        return f"holds: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return "CHANGED: megatron-core made its gloo groups on the fake store"
+
+
+def _fact_local_norm_refuses_sequence_parallel() -> str:
+    """megatron-core's local norm asserts sequence parallel off (torch_norm.py:32)."""
+    import types
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    config = types.SimpleNamespace(
+        layernorm_zero_centered_gamma=False,
+        persist_layer_norm=False,
+        sequence_parallel=True,
+        memory_efficient_layer_norm=False,
+        normalization="RMSNorm",
+    )
+    try:
+        WrappedTorchNorm(config, 8)
+    except AssertionError as exc:
+        return f"holds: {exc}"
+    return "CHANGED: the local norm builds with sequence parallel"
+
+
+def _fact_ddp_buffers_on_the_current_device() -> str:
+    """megatron-core's DDP buffers are allocated on torch.cuda.current_device() (what on_meta_device answers)."""
+    import inspect
+
+    from megatron.core.distributed import param_and_grad_buffer
+
+    source = inspect.getsource(param_and_grad_buffer._ParamAndGradBuffer.__init__)
+    if "device=torch.cuda.current_device()" in source:
+        return "holds: _ParamAndGradBuffer allocates with device=torch.cuda.current_device()"
+    return "CHANGED: _ParamAndGradBuffer no longer allocates on torch.cuda.current_device()"
+
+
+def _fact_gpu_initialisation_needs_the_cuda_rng_tracker() -> str:
+    """Initialising weights on the GPU path forks the CUDA RNG tracker (why the build asks use_cpu_initialization
+    with perform_initialization off)."""
+    import inspect
+
+    from megatron.core.tensor_parallel import layers
+
+    source = inspect.getsource(layers._initialize_affine_weight_gpu)
+    if "get_cuda_rng_tracker" in source:
+        return "holds: _initialize_affine_weight_gpu forks get_cuda_rng_tracker()"
+    return "CHANGED: _initialize_affine_weight_gpu no longer uses the CUDA RNG tracker"
+
+
+UPSTREAM_FACTS = {
+    "gloo groups on the fake store": _fact_gloo_groups_need_a_real_store,
+    "local norm and sequence parallel": _fact_local_norm_refuses_sequence_parallel,
+    "DDP buffers on the current device": _fact_ddp_buffers_on_the_current_device,
+    "GPU initialisation and the CUDA RNG": _fact_gpu_initialisation_needs_the_cuda_rng_tracker,
+}
+
+
+def upstream_facts() -> dict[str, str]:
+    """Each stand-in's upstream fact, checked in a process of its own (a fork: each starts from the same imports,
+    none sees another's process group): "holds: ..." or "CHANGED: ..." per fact."""
+    import json
+    import os
+
+    out = {}
+    for name, fact in UPSTREAM_FACTS.items():
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            try:
+                said = fact()
+            except BaseException as exc:  # noqa: BLE001 - a fact that cannot even be checked is a change
+                said = f"CHANGED: {type(exc).__name__}: {exc}"
+            os.write(write, json.dumps(said).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            text = pipe.read()
+        os.waitpid(pid, 0)
+        out[name] = json.loads(text) if text else "CHANGED: the check died"
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(upstream_facts(), indent=1))
+    sys.exit(0)

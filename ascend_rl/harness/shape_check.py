@@ -240,7 +240,7 @@ def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, l
         log(f"shape_check: the build of these ranks is cached ({cached.name}; --no-cache builds again)")
         return json.loads(cached.read_text())
     env = dict(os.environ)
-    env.update(manifest.resolve_launch(t.recipe, t.base, profile="cpu").cpu_env or {})
+    env.update(dict(manifest.resolve_launch(t.recipe, t.base, profile="cpu").cpu_env or ()))
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(packages), str(REPO)])
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="shape-check-") as tmp:
@@ -383,30 +383,27 @@ def table(built: dict[tuple[int, str], RankFigures], planned_te: dict[tuple[int,
 
 def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     """Check `t`: (exit status, report)."""
+    from ascend_rl.preflight.shape import shape_problem_check
+
     report: dict[str, Any] = {"base": t.base, "recipe": t.recipe}
-    num_layers = int(t.model.get("num_hidden_layers") or 0)
-    try:
-        split = megatron_layout.pipeline_split(t.settings, num_layers)
-        megatron_layout.recompute(t.settings)
-        rule = None
-    except megatron_layout.LayoutError as exc:
-        split, rule = None, exc
-    ranks = rank_classes(t) if rule is None else [(0, "actor")]
+    rule = shape_problem_check(t.settings, t.model)  # the dry run's megatron line: the rules, no build
+    report["rule"] = rule.detail
+    # a layout the rules refuse is built on one rank only: enough for megatron-core's own words
+    ranks = rank_classes(t) if rule.status != "FAIL" else [(0, "actor")]
     result = build(t, ranks, jobs, use_cache, log)
     report["build"] = result
     errors = [r for r in result["ranks"] if "error" in r]
     if errors:
         first = errors[0]
-        fix = f"; {rule.fix}" if rule is not None else ""
+        why = f"; the dry run says: {rule.detail}" if rule.status == "FAIL" else ""
         log(f"shape_check: megatron-core refuses the layout on rank {first['rank']}: {first['error']} "
-            f"({first.get('where', '')}){fix}")  # fmt: skip
+            f"({first.get('where', '')}){why}")  # fmt: skip
         report["refused"] = first["error"]
         return 1, report
-    if rule is not None:
-        log(
-            f"shape_check: the rules refuse what megatron-core built: {rule} (a rule out of step with megatron-core)"
-        )
+    if rule.status == "FAIL":
+        log(f"shape_check: the dry run refuses what megatron-core built: {rule.detail} (a rule out of step)")
         return 1, report
+    split = megatron_layout.pipeline_split(t.settings, int(t.model.get("num_hidden_layers") or 0))
     built = {(r["rank"], r["role"]): built_figures(t, r) for r in result["ranks"]}
     planned = planned_figures(t, local_spec=True)
     te = planned_figures(t, local_spec=False)

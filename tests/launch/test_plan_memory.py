@@ -224,9 +224,14 @@ def test_moe_model_by_hand_with_the_distributed_optimizer():
 
 
 def _original(method: str) -> dict:
-    """The original's reshard layout: 256 dies, training TP4 EP8 PP8, rollout EP256 (the launcher's --variant random)."""
+    """The original's reshard layout: 256 dies, training TP4 EP8 PP8 (its layers [7,7,8,8,8,8,8,7]), rollout EP256
+    (the launcher's --variant random)."""
     return _settings(
         **{
+            "actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_model_parallel_layout": (
+                "Ettttttt|ttttttt|tttttttt|tttttttt|tttttttt|tttttttt|tttttttt|tttttttL"
+            ),
+            "_megatron_core": "0.16.1",  # a megatron-core that can write the original's split (0.14+)
             "trainer.nnodes": 16,
             "trainer.n_gpus_per_node": 16,
             "trainer.device": "npu",
@@ -586,17 +591,19 @@ def test_on_0_9_1_the_reference_offloads_as_the_actor_unless_told():
     )
 
 
-def test_on_0_9_1_megatron_recomputes_only_what_override_transformer_config_asks():
-    """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read; its
-    recompute is override_transformer_config.recompute_granularity (null by default): the update's activations
-    are every layer's unless it is "full"."""
+def test_megatron_recomputes_only_what_override_transformer_config_asks_on_every_base():
+    """verl 0.9.1's yaml sets model.enable_gradient_checkpointing True, which the Megatron engine does not read, and
+    0.6.0 / 0.7.1's megatron workers do not read it either (their only recompute is override_transformer_config's,
+    recompute_granularity null by default): the update's activations are every layer's unless it is "full"."""
     ckpt = {"actor_rollout_ref.model.enable_gradient_checkpointing": True}
-    full = {"actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity": "full"}
+    otc = "actor_rollout_ref.actor.megatron.override_transformer_config."
+    full = {otc + "recompute_granularity": "full", otc + "recompute_method": "uniform", otc + "recompute_num_layers": 1}
 
     def act(settings):
         return _terms(_phase(mp.plan(settings, TINY_DS, DIE), "actor update"))["activations (update)"]
 
-    assert act(_engine(**ckpt)) == act(_engine()) > act(_engine(**full)) == act(_megatron(**ckpt))
+    assert act(_engine(**ckpt)) == act(_engine()) == act(_megatron(**ckpt)) > act(_engine(**full))
+    assert act(_engine(**full)) == act(_megatron(**full))
 
 
 def test_plan_memory_compares_0_9_1s_rollout_release_and_reshard_both_ways():
@@ -718,9 +725,10 @@ def test_the_launchers_dry_run_prints_the_plans_peak_per_phase(tmp_path, verl_tr
 
 def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path, pristine_base):
     """run_deepseek_r1_a3.sh --base 0.9.1 --dry-run: the preflight's plan (from 0.9.1's composed config) is the
-    engine's, the same as plan_memory's from the launch's JSON: the bridge's weight sync, no activation recompute
-    (the yaml's enable_gradient_checkpointing=True is not the Megatron engine's), and, with ds-0204's explicit
-    offload (the base's overrides), an update that fits the A3 die; sleep level 1 kept on the die would not."""
+    engine's, the same as plan_memory's from the launch's JSON: the bridge's weight sync, the original's recompute
+    (full, block, 8: override_transformer_config's; the yaml's enable_gradient_checkpointing=True is not the Megatron
+    engine's) on its split [7,7,8,8,8,8,8,7], and, with ds-0204's explicit offload (the base's overrides), a step that
+    fits the A3 die, its peak in the weight sync of an 8-layer stage; sleep level 1 kept on the die would not."""
     import shutil
 
     from launcher_env import launcher_env, run_launcher
@@ -742,7 +750,8 @@ def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path
     plan = mp.plan_launch(settings)
     assert mp.megatron_engine(settings)
     assert printed == {ph.name: f"{ph.total / mp.GIB:.2f}" for ph in plan.phases}
-    assert plan.peak.name == "actor update" and printed["actor update"] == "58.17"
+    assert plan.peak.name == "weight sync and reshard" and printed["weight sync and reshard"] == "54.52"
+    assert printed["actor update"] == "48.08" and plan.stage == 2
     assert plan.refusal() is None, plan.refusal()
     kept = mp.plan_launch(
         dict(
@@ -753,7 +762,7 @@ def test_the_deepseek_dry_run_on_0_9_1_prints_the_megatron_engines_plan(tmp_path
             },
         )
     )
-    assert f"{kept.peak.total / mp.GIB:.2f}" == "109.13" and kept.refusal() is not None
+    assert f"{kept.peak.total / mp.GIB:.2f}" == "99.05" and kept.refusal() is not None
     sync = _terms(_phase(plan, "weight sync and reshard"))
     w1 = 2 * 2048 * 7168 * 2  # one expert's fused gate/up, bf16: 56 MiB
     assert (
