@@ -329,6 +329,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.optimizer_offload": False,
     "actor_rollout_ref.actor.megatron.use_distributed_optimizer": True,
     "actor_rollout_ref.actor.megatron.dtype": "bfloat16",  # verl 0.9.1's engine only (memory_plan._megatron_state)
+    # the reference's own (0.9.1's yaml: ref.megatron.dtype bfloat16, not the actor's; the CPU profile sets float32)
+    "actor_rollout_ref.ref.megatron.dtype": "bfloat16",
     "actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer": False,
     # verl's DDP config (megatron_utils.get_model) sets it True; override_ddp_config can turn it off
     "actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32": True,
@@ -868,6 +870,9 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
     opt_b = 12
     if megatron_engine(s) and str(s[m + "dtype"]) in ("float32", "fp32"):
         param_b, grad_b, opt_b = 4, 4, 8
+    # the reference: verl 0.9.1's engine builds it at ref.megatron.dtype (the shape check found the fp32 CPU
+    # reference planned at bf16); 0.6.0 / 0.7.1 build it bf16
+    ref_b = 4 if megatron_engine(s) and str(s.get(mref + "dtype")) in ("float32", "fp32") else 2
     # verl's DDP wrapper (megatron_utils.get_model): one param + grad buffer for the dense parameters and one for
     # the routed experts (not all-reduced over DP: sharded over expert DP); the distributed optimizer keeps fp32
     # main weights + Adam's two moments of the elements in its rank's part of each
@@ -941,7 +946,11 @@ def _megatron_state(s: Mapping[str, Any], sh: Shapes, lay: Layout, stage: int, t
         # (verl 0.9.1: the reference is a MegatronEngine with forward_only, built without DDP, engine/megatron/
         # transformer_impl.py:470-473, offloaded at init when ref.megatron.param_offload, :601-606, and loaded for
         # its forward only, in eval mode, engine/base.py:320-321: the same bytes)
-        ref_w=Term("reference weights", n_local * 2, f"bf16, {shard} (no DDP wrapper)"),
+        ref_w=Term(
+            "reference weights",
+            n_local * ref_b,
+            f"{'fp32' if ref_b == 4 else 'bf16'}, {shard} (no DDP wrapper)",
+        ),
         param_b=param_b,
         p_off=p_off,
         g_off=g_off,

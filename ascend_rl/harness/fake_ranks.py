@@ -40,10 +40,11 @@ def _engine_self(spec: dict, hf_config):
         mtp=types.SimpleNamespace(enable=False),
         get=lambda key, default=None: default,
     )
-    engine_config = types.SimpleNamespace(
+    # verl's own engine config (its __post_init__ turns sequence parallel off at TP 1, engine.py:239-241)
+    from verl.workers.config.engine import McoreEngineConfig
+
+    engine_config = McoreEngineConfig(
         override_transformer_config=dict(spec["override_transformer_config"]),
-        dynamic_context_parallel=False,
-        vanilla_mbridge=False,
         tensor_model_parallel_size=spec["tp"],
         pipeline_model_parallel_size=spec["pp"],
         expert_model_parallel_size=spec["ep"],
@@ -51,6 +52,7 @@ def _engine_self(spec: dict, hf_config):
         virtual_pipeline_model_parallel_size=spec.get("vpp"),
         context_parallel_size=spec.get("cp", 1),
         sequence_parallel=bool(spec["sequence_parallel"]),
+        use_distributed_optimizer=bool(spec["use_distributed_optimizer"]),
         dtype=spec["dtype"],
     )
     return types.SimpleNamespace(
@@ -141,6 +143,7 @@ def build_rank(spec: dict, rank: int, role: str) -> dict:
                         )
                     buffers.append(
                         {
+                            "owned_by_dp_rank": _owned_by_dp_rank(buf),
                             "kind": kind,
                             "numel": int(buf.numel),
                             "params": int(sum(p.numel() for p in buf.params)),
@@ -153,6 +156,26 @@ def build_rank(spec: dict, rank: int, role: str) -> dict:
         out["buffers"] = buffers
     out["wall_s"] = round(time.monotonic() - t0, 2)
     return out
+
+
+def _owned_by_dp_rank(buf) -> list[int]:
+    """The parameter elements the distributed optimizer gives each DP rank of `buf`: megatron-core's own param range
+    map (DistributedOptimizer._build_model_gbuf_param_range_map) of each rank's equal shard of each bucket, the
+    shards as _build_model_gbuf_range cuts them (distrib_optimizer.py:188-205) for every rank, not only this one."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer, Range
+
+    dp = int(buf.data_parallel_world_size)
+    owned = [0] * dp
+    for bucket in buf.buckets:
+        size = bucket.grad_data.numel()
+        per = size // dp
+        for r in range(dp):
+            world = Range(r * per + bucket.offset, min(size, r * per + per) + bucket.offset)
+            ranges = DistributedOptimizer._build_model_gbuf_param_range_map(
+                buf.param_index_map, world, bucket.offset
+            )
+            owned[r] += sum(entry["param"].size for entry in ranges.values())
+    return owned
 
 
 def _child(spec: dict, rank: int, role: str, path: Path) -> None:

@@ -285,36 +285,50 @@ class RankFigures:
     optimizer: int
 
 
-def built_figures(t: Target, row: dict) -> RankFigures:
-    """A built rank's bytes under the launch's precision settings: the buffers megatron-core made (their dtypes),
-    and the distributed optimizer's part of them at the plan's bytes per value (memory_plan._megatron_state: fp32
-    main weights + Adam's m and v, 12 B; 1/16 on the die with MindSpeed's swap_optimizer)."""
+def _stage_ranks(t: Target, stage: int) -> list[tuple[int, int, int]]:
+    """(global rank, DP rank, expert-DP rank) of each rank of `stage` (memory_plan.mcore_rank_groups' order)."""
+    lay = mp._layout(t.settings)
+    per = lay.world // lay.pp
+    return [(r, *mp.mcore_rank_groups(r, lay)[1:]) for r in range(stage * per, (stage + 1) * per)]
+
+
+def built_figures(t: Target, row: dict) -> dict[tuple[int, str], RankFigures]:
+    """A built rank class's bytes under the launch's precision settings, for every rank of its stage: the buffers
+    megatron-core made (their dtypes) and, per rank, the distributed optimizer's part of them (owned_by_dp_rank,
+    at that rank's DP and expert-DP index) at the plan's bytes per value (memory_plan._megatron_state: fp32 main
+    weights + Adam's m and v, 12 B, or 8 B with fp32 weights on verl 0.9.1's engine; 1/16 on the die with
+    MindSpeed's swap_optimizer). The reference (no DDP): its parameters, on the class's rank."""
     s = t.settings
-    world = int(s["trainer.nnodes"]) * int(s["trainer.n_gpus_per_node"])
-    pp = int(s[MEG + "pipeline_model_parallel_size"])
-    stage = int(row["rank"]) // (world // pp)
+    lay = mp._layout(s)
+    stage = int(row["rank"]) // (lay.world // lay.pp)
+    common = (stage, row["layers"], row["dense"], row["expert"])
     if row["role"] != "actor":
         weights = int(row["dense_bytes"]) + int(row["expert_bytes"])
-        return RankFigures(
-            row["rank"], row["role"], stage, row["layers"], row["dense"], row["expert"], weights, 0, 0
-        )
+        return {(row["rank"], "ref"): RankFigures(row["rank"], "ref", *common, weights, 0, 0)}
     bufs = row["buffers"]
     weights = sum(b["numel"] * _DTYPE_BYTES[b["param_dtype"]] for b in bufs)
     grads = sum(b["numel"] * _DTYPE_BYTES[b["grad_dtype"]] for b in bufs)
     fp32 = all(b["param_dtype"] == "float32" for b in bufs)
     per_value = 8 if fp32 and mp.megatron_engine(s) else 12
     swap = 16 if bool(s.get(OTC_PREFIX + "swap_optimizer")) else 1
-    owned = sum(b["owned"] if b["owned"] is not None else b["params"] for b in bufs)
-    return RankFigures(
-        row["rank"], row["role"], stage, row["layers"], row["dense"], row["expert"], weights, grads,
-        per_value * owned // swap,
-    )  # fmt: skip
+    distributed = bool(s[MEG + "use_distributed_optimizer"])
+    out = {}
+    for rank, dp_rank, edp_rank in _stage_ranks(t, stage):
+        owned = 0
+        for b in bufs:
+            if not distributed:
+                owned += b["params"]
+            else:
+                owned += b["owned_by_dp_rank"][dp_rank if b["kind"] == "dense" else edp_rank]
+        out[(rank, "actor")] = RankFigures(rank, "actor", *common, weights, grads, per_value * owned // swap)
+    return out
 
 
 def planned_figures(
     t: Target, local_spec: bool = True, settings: dict | None = None
 ) -> dict[tuple[int, str], RankFigures]:
-    """The memory plan's figures for the same rank classes (`settings`: the launch's unless given)."""
+    """The memory plan's figures for the same ranks (`settings`: the launch's unless given): every rank of each
+    stage as the actor, the stage's first as the reference."""
     s = dict(settings or t.settings)
     s["_mcore_spec"] = "local" if local_spec else "te"
     # the plan of a launch on an NPU die (the build does not depend on the device)
@@ -329,16 +343,15 @@ def planned_figures(
     train = mr.TrainLayout(lay.world, tp=lay.tp, ep=lay.ep, pp=lay.pp, layers_per_stage=layout)
     out = {}
     for stage, p in enumerate(stages):
-        rank = stage * (lay.world // lay.pp)
         dense, expert = mp.mcore_params(sh, lay.tp, stage, train, local_spec=local_spec)
-        terms = p.rank_terms[rank]
-        for role in ("actor", "ref"):
-            if role == "actor":
-                w, g, o = terms["weights"], terms["gradients"], terms["optimizer_states"]
-            else:
-                w, g, o = (sum(dense) + sum(expert)) * 2, 0, 0
-            out[(rank, role)] = RankFigures(
-                rank, role, stage, layout[stage], sum(dense), sum(expert), w, g, o
+        common = (stage, layout[stage], sum(dense), sum(expert))
+        ref_w = next(term.nbytes for ph in p.phases for term in ph.terms if term.name == "reference weights")
+        first = stage * (lay.world // lay.pp)
+        out[(first, "ref")] = RankFigures(first, "ref", *common, ref_w, 0, 0)
+        for rank in range(first, first + lay.world // lay.pp):
+            terms = p.rank_terms[rank]
+            out[(rank, "actor")] = RankFigures(
+                rank, "actor", *common, terms["weights"], terms["gradients"], terms["optimizer_states"]
             )
     return out
 
@@ -366,17 +379,24 @@ def compare(
 
 
 def table(built: dict[tuple[int, str], RankFigures], planned_te: dict[tuple[int, str], RankFigures]) -> str:
-    gib = 1024**3
-    head = f"{'role':<6}{'rank':>5}{'stage':>6}{'layers':>7}{'dense GiB':>11}{'expert GiB':>11}"
-    head += f"{'weights':>9}{'grads':>8}{'optim':>8}{'plan (NPU spec)':>17}"
+    """One row per rank class (the first rank of each stage, actor and reference); the optimizer column gives the
+    least and the most over the stage's ranks (the distributed optimizer's parts differ by DP rank)."""
+    biggest = max(f.weights for f in built.values())
+    unit, size = ("GiB", 1024**3) if biggest >= 1024**3 else ("MiB", 1024**2)
+    head = f"{'role':<6}{'rank':>5}{'stage':>6}{'layers':>7}{'params (M)':>12}{'experts (M)':>12}"
+    head += f"{'weights':>10}{'grads':>9}{'optimizer':>17}{'NPU-spec weights':>18}   ({unit})"
     rows = [head]
-    for key in sorted(built, key=lambda k: (k[1], k[0])):
-        b = built[key]
-        te = planned_te.get(key)
+    classes = sorted({(f.stage, f.role) for f in built.values()}, key=lambda k: (k[1], k[0]))
+    for stage, role in classes:
+        members = [f for f in built.values() if f.stage == stage and f.role == role]
+        b = min(members, key=lambda f: f.rank)
+        lo, hi = min(f.optimizer for f in members), max(f.optimizer for f in members)
+        optim = f"{lo / size:.2f}" if lo == hi else f"{lo / size:.2f}-{hi / size:.2f}"
+        te = planned_te.get((b.rank, b.role))
         rows.append(
-            f"{b.role:<6}{b.rank:>5}{b.stage:>6}{b.layers:>7}{b.dense * 2 / gib:>11.2f}{b.expert * 2 / gib:>11.2f}"
-            f"{b.weights / gib:>9.2f}{b.gradients / gib:>8.2f}{b.optimizer / gib:>8.2f}"
-            f"{(te.weights / gib if te else 0):>17.2f}"
+            f"{b.role:<6}{b.rank:>5}{b.stage:>6}{b.layers:>7}{b.dense / 1e6:>12.1f}{b.expert / 1e6:>12.1f}"
+            f"{b.weights / size:>10.2f}{b.gradients / size:>9.2f}{optim:>17}"
+            f"{(te.weights / size if te else 0):>18.2f}"
         )
     return "\n".join(rows)
 
@@ -404,10 +424,10 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
         log(f"shape_check: the dry run refuses what megatron-core built: {rule.detail} (a rule out of step)")
         return 1, report
     split = megatron_layout.pipeline_split(t.settings, int(t.model.get("num_hidden_layers") or 0))
-    built = {(r["rank"], r["role"]): built_figures(t, r) for r in result["ranks"]}
+    built = {key: fig for r in result["ranks"] for key, fig in built_figures(t, r).items()}
     planned = planned_figures(t, local_spec=True)
     te = planned_figures(t, local_spec=False)
-    log(f"shape_check: {len(built)} ranks built in {result.get('wall_s', 0)} s (imports {result.get('imports_s')} s); "
+    log(f"shape_check: {len(result['ranks'])} rank classes built ({len(built)} ranks' figures) in {result.get('wall_s', 0)} s (imports {result.get('imports_s')} s); "
         f"split {list(split)}")  # fmt: skip
     log(table(built, te))
     diffs = compare(built, planned)
@@ -417,11 +437,16 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
             log(f"  differs: {line}")
         log(f"shape_check: the build and the plan disagree on {len(diffs)} figures")
         return 1, report
-    delta = {k: te[k].weights - planned[k].weights for k in planned if k[1] == "actor"}
+    delta = max(te[k].weights - planned[k].weights for k in planned if k[1] == "actor")
     log(
         "shape_check: every rank class built; its layers, parameters, weights, gradients and optimizer bytes equal "
-        "the plan's (megatron-core's local layer spec). The NPU plan (TransformerEngine spec: MLA's down-"
-        f"projections whole) holds {max(delta.values()) / 2**20:.1f} MiB more weights per actor rank"
+        "the plan's (megatron-core's local layer spec)"
+        + (
+            f". The NPU plan (TransformerEngine spec: MLA's down-projections whole) holds {delta / 2**20:.1f} MiB "
+            "more weights on the largest actor rank"
+            if delta
+            else ""
+        )
     )
     return 0, report
 

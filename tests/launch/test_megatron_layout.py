@@ -84,24 +84,12 @@ def test_recompute_block_8_recomputes_every_layer_of_the_launchs_stages_and_mega
 
 
 def _launch(**extra) -> dict:
-    """The DeepSeek launch's Megatron settings (256 dies, TP4 PP8 EP8) on verl 0.9.1, as the plan reads them."""
-    s = dict(mp.DEFAULTS)
-    s.update(mp.BASE_DEFAULTS[(0, 9)])
-    s.update(
-        {
-            "_verl": "0.9.1",
-            "trainer.nnodes": 16,
-            "trainer.n_gpus_per_node": 16,
-            "trainer.device": "npu",
-            "actor_rollout_ref.actor.strategy": "megatron",
-            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": 4,
-            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 8,
-            "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 8,
-            "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-            "actor_rollout_ref.rollout.data_parallel_size": 64,
-            "actor_rollout_ref.rollout.expert_parallel_size": 128,
-        }
-    )
+    """The DeepSeek launch's Megatron settings (256 dies, TP4 PP8 EP8; test_plan_memory's original layout) with no
+    pipeline split but `extra`'s override_transformer_config."""
+    from test_plan_memory import _original
+
+    s = _original("alltoallv")
+    del s[ml.LAYOUT_KEY]
     s.update({ml.OTC + k: v for k, v in extra.items()})
     return s
 

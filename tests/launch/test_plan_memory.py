@@ -597,7 +597,11 @@ def test_megatron_recomputes_only_what_override_transformer_config_asks_on_every
     recompute_granularity null by default): the update's activations are every layer's unless it is "full"."""
     ckpt = {"actor_rollout_ref.model.enable_gradient_checkpointing": True}
     otc = "actor_rollout_ref.actor.megatron.override_transformer_config."
-    full = {otc + "recompute_granularity": "full", otc + "recompute_method": "uniform", otc + "recompute_num_layers": 1}
+    full = {
+        otc + "recompute_granularity": "full",
+        otc + "recompute_method": "uniform",
+        otc + "recompute_num_layers": 1,
+    }
 
     def act(settings):
         return _terms(_phase(mp.plan(settings, TINY_DS, DIE), "actor update"))["activations (update)"]
@@ -977,6 +981,22 @@ def test_a_cpu_runs_bytes_per_rank_and_phase_equal_the_plan(e2e_python, tmp_path
         planned = mp.measured_terms(plan, rank=r["rank"])
         measured = {k: r[k] for k in ("weights", "gradients", "optimizer_states")}
         assert measured == {k: planned[k] for k in measured}, (run, r, planned)
+    # three ways: the shape check's build of the same launch (verl 0.9.1's Megatron ranks on the fake backend, at
+    # this run's layout and fp32) = the plan = what each rank measured in its optimizer step
+    from ascend_rl.harness import shape_check as sc
+
+    if settings["actor_rollout_ref.actor.strategy"] == "megatron" and base in sc.BUILT_BASES:
+        t = sc.Target(settings, dict(cfg), base, "deepseek_r1")
+        result = sc.build(t, sc.rank_classes(t), jobs=2, use_cache=False, log=lambda *a: None)
+        built = {key: fig for row in result["ranks"] for key, fig in sc.built_figures(t, row).items()}
+        assert sc.compare(built, sc.planned_figures(t)) == [], (run, result)
+        for r in updates:
+            b = built[(r["rank"], "actor")]
+            assert (b.weights, b.gradients, b.optimizer) == (
+                r["weights"],
+                r["gradients"],
+                r["optimizer_states"],
+            )
     planned = mp.measured_terms(plan)
     for r in engines:
         assert r["rollout_weights"] == planned["rollout_weights"], (run, r, planned)
