@@ -401,6 +401,21 @@ def table(built: dict[tuple[int, str], RankFigures], planned_te: dict[tuple[int,
     return "\n".join(rows)
 
 
+def rollout_line(t: Target) -> str:
+    """The rollout's weights per rank: the plan's (vLLM's weight loaders' shard rules: memory_plan's rollout weights
+    term), not built -- vLLM's model classes need its engine's distributed state and config."""
+    s = dict(t.settings, **{"trainer.device": "npu"})
+    plan = mp.plan_launch(s)
+    term = next(
+        x for ph in plan.phases if ph.name == "generation" for x in ph.terms if x.name == "rollout weights"
+    )
+    lay = mp._layout(s)
+    return (
+        f"rollout: {term.nbytes / 2**30:.2f} GiB of weights per rank at TP{lay.rollout_tp} EP{lay.rollout_ep} "
+        f"({term.how}; from vLLM's weight loaders' shard rules as the plan applies them, not built)"
+    )
+
+
 def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     """Check `t`: (exit status, report)."""
     from ascend_rl.preflight.shape import shape_problem_check
@@ -430,6 +445,7 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     log(f"shape_check: {len(result['ranks'])} rank classes built ({len(built)} ranks' figures) in {result.get('wall_s', 0)} s (imports {result.get('imports_s')} s); "
         f"split {list(split)}")  # fmt: skip
     log(table(built, te))
+    log(rollout_line(t))
     diffs = compare(built, planned)
     report["differences"] = diffs
     if diffs:
