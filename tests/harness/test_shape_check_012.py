@@ -41,7 +41,7 @@ SPLIT_KEYS = (
 @pytest.fixture(scope="module")
 def worker_env(e2e_python) -> Path:
     """The e2e environment the worker bases build in (setup_e2e.sh makes it and the .venv-e2e link)."""
-    python = shape_check.WORKER_ENV / "bin" / "python"
+    python = REPO / ".venv-e2e" / "bin" / "python"
     assert python.is_file(), f"setup_e2e.sh ran ({e2e_python}) but {python} is missing"
     return python
 
