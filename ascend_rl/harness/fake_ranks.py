@@ -68,16 +68,11 @@ def _engine_self(spec: dict, hf_config):
     )
 
 
-def build_rank(spec: dict, rank: int, role: str) -> dict:
-    """One rank, in this process: what it holds, or megatron-core's refusal."""
-    import torch
-    from transformers import AutoConfig
-    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
-    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
-
+def _fake_rank(spec: dict, rank: int) -> None:
+    """This process as `rank` of the launch's world: the fake process group, megatron-core's parallel state at the
+    launch's sizes (as verl calls initialize_model_parallel), the current device the meta device."""
     from ascend_rl.harness import fake_megatron
 
-    t0 = time.monotonic()
     fake_megatron.init_fake_process_group(rank, spec["world"])
     fake_megatron.initialize_model_parallel(
         tensor_model_parallel_size=spec["tp"],
@@ -88,6 +83,17 @@ def build_rank(spec: dict, rank: int, role: str) -> dict:
         expert_tensor_parallel_size=spec["etp"],
     )
     fake_megatron.on_meta_device()
+
+
+def build_rank(spec: dict, rank: int, role: str) -> dict:
+    """One rank, in this process: what it holds, or megatron-core's refusal."""
+    import torch
+    from transformers import AutoConfig
+    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    t0 = time.monotonic()
+    _fake_rank(spec, rank)
     hf_config = AutoConfig.from_pretrained(spec["model_dir"])
     engine = _engine_self(spec, hf_config)
     MegatronEngine._build_tf_config(engine)
@@ -128,16 +134,7 @@ def build_rank_worker(spec: dict, rank: int, role: str) -> dict:
     from ascend_rl.harness import fake_megatron
 
     t0 = time.monotonic()
-    fake_megatron.init_fake_process_group(rank, spec["world"])
-    fake_megatron.initialize_model_parallel(
-        tensor_model_parallel_size=spec["tp"],
-        pipeline_model_parallel_size=spec["pp"],
-        virtual_pipeline_model_parallel_size=spec.get("vpp"),
-        context_parallel_size=spec.get("cp", 1),
-        expert_model_parallel_size=spec["ep"],
-        expert_tensor_parallel_size=spec["etp"],
-    )
-    fake_megatron.on_meta_device()
+    _fake_rank(spec, rank)
     fake_megatron.meta_modules_stay_on_meta()
     fake_megatron.meta_broadcast_params()
     # _init_hf_config_and_tf_config: the HF config (the tokenizer's token ids it also sets change no shape); 0.7.1's
