@@ -89,11 +89,14 @@ def pipeline_split(settings: Mapping[str, Any], num_layers: int) -> tuple[int, .
     first, last = _value(settings, FIRST_KEY), _value(settings, LAST_KEY)
     has_string = mcore_version(settings) >= LAYOUT_STRING_SINCE
     if layout is not None and not has_string:
-        # verl 0.6.0 / 0.7.1 build MLATransformerConfig(**override_transformer_config): a dataclass without the field
+        # verl 0.6.0 / 0.7.1's converter drops a key its TransformerConfig lacks with a warning
+        # (models/mcore/config_converter.py:137-162, check_and_construct_configs) and megatron-core 0.12.1 has no
+        # layout string: the launch would build another split than the one it names (an even one where the layers
+        # divide), so the dry run refuses it, in its own words
         raise LayoutError(
-            "__init__() got an unexpected keyword argument 'pipeline_model_parallel_layout'",
-            f"megatron-core {'.'.join(map(str, mcore_version(settings)))} has no layout string: "
-            + _ends_hint(num_layers, pp),
+            f"megatron-core {'.'.join(map(str, mcore_version(settings)))} has no pipeline_model_parallel_layout: "
+            "verl's converter drops it with a warning and builds another split",
+            _ends_hint(num_layers, pp),
         )
     if layout is not None:
         stages = parse_layout(str(layout))

@@ -1,6 +1,7 @@
 """What building one rank of a Megatron layout needs on a CPU with torch.distributed's fake backend and the meta
 device (the shape check's builder, ascend_rl/harness/fake_ranks.py): each stand-in with the upstream line it
-stands in for. tests/harness/test_fake_megatron.py shows each upstream fact still holds, so a megatron-core that
+stands in for. tests/harness/test_shape_check_091.py (megatron-core 0.16.1) and test_shape_check_012.py (0.12.1)
+show each upstream fact still holds, so a megatron-core that
 changes under a stand-in fails there, not in a silently different build.
 
 Run inside a verl tree made by the overlay's CPU series (its verl/utils/megatron/cpu_compat.py: what megatron-core
@@ -8,11 +9,14 @@ lacks on a CPU, shared with the CPU runs) with the base's Megatron packages on P
 - the fake process group (torch.testing._internal.distributed.fake_pg.FakeStore, backend "fake"): every collective
   returns at once; a process is one rank of a world of any size;
 - parallel_state.initialize_model_parallel(..., create_gloo_process_groups=False): verl's engine calls it without
-  (verl 0.9.1 engine/megatron/transformer_impl.py:271), and megatron-core's default gloo groups cannot be made on
-  the fake store (c10d: "Not implemented" from the fake backend's gloo group);
+  (verl 0.9.1 engine/megatron/transformer_impl.py:271; verl 0.7.1 / 0.6.0's Megatron worker too,
+  workers/megatron_workers.py:285-294 / :203-212), and megatron-core's default gloo groups cannot be made on the
+  fake store (c10d: "Not implemented" from the fake backend's gloo group); megatron-core 0.12.1 has the same switch
+  (parallel_state.py:450), so the one stand-in serves both;
 - torch.cuda.current_device() answers the meta device: the DDP buffers (megatron-core 0.16.1
-  distributed/param_and_grad_buffer.py allocates them on it) and the rotary embedding's buffers are then shapes, no
-  bytes (cpu_compat answers the CPU, where a 671B rank's 22 GB buffer would be allocated);
+  distributed/param_and_grad_buffer.py allocates them on it; 0.12.1 the same, :623-631) and the rotary embedding's
+  buffers are then shapes, no bytes (cpu_compat answers the CPU, where a 671B rank's 22 GB buffer would be
+  allocated);
 - the config builds weights without initialising them (use_cpu_initialization=True, perform_initialization=False;
   transformer_config.py: GPU initialisation needs the CUDA RNG tracker), under `torch.device("meta")`;
 - the local norm refuses sequence parallel (torch_norm.py:32 `assert not config.sequence_parallel`), which
@@ -20,6 +24,10 @@ lacks on a CPU, shared with the CPU runs) with the base's Megatron packages on P
 - the fused kernels the launch asks for exist only with TE / GPU kernels (moe_permute_fusion,
   gradient_accumulation_fusion, moe_grouped_gemm, persist_layer_norm): off, which changes no parameter's shape
   (SequentialMLP holds the experts grouped GEMM would: the same elements per rank).
+Only verl 0.6.0 / 0.7.1's worker path (megatron-core 0.12.1, verl's get_model) needs, on the meta device:
+- a module of meta tensors stays where it is when verl moves it to the device (meta_modules_stay_on_meta);
+- DDP.broadcast_params, which get_model calls, skips a module of meta parameters (meta_broadcast_params).
+tests/harness/test_shape_check_012.py shows the upstream facts these two and the gloo switch rest on.
 """
 
 from __future__ import annotations
@@ -62,6 +70,48 @@ def initialize_model_parallel(**sizes) -> None:
 def on_meta_device() -> None:
     """torch.cuda.current_device() as the meta device (after cpu_compat.apply(), which answers the CPU)."""
     torch.cuda.current_device = lambda: torch.device("meta")
+
+
+def meta_modules_stay_on_meta() -> None:
+    """A module whose tensors are all on the meta device stays there when moved: verl 0.6.0 / 0.7.1's model provider
+    moves each model to the device (utils/megatron_utils.py, make_megatron_module's megatron_model_provider:
+    `parallel_model.to(get_device_name())`, 0.7.1:307 / 0.6.0:210; and get_model's GPU allocation, 0.7.1:133-135 /
+    0.6.0:126-128, which runs because make_megatron_module passes no transformer_config), and a meta tensor cannot
+    be copied to the CPU ("Cannot copy out of meta tensor; no data!")."""
+    module_cls = torch.nn.Module
+    if getattr(module_cls.to, "_recipes_meta", False):
+        return
+    plain_to = module_cls.to
+
+    def to(self, *args, **kwargs):
+        tensors = [*self.parameters(), *self.buffers()]
+        if tensors and all(t.is_meta for t in tensors):
+            return self
+        return plain_to(self, *args, **kwargs)
+
+    to._recipes_meta = True
+    module_cls.to = to
+
+
+def meta_broadcast_params() -> None:
+    """megatron-core's DDP.broadcast_params (0.12.1 distributed/distributed_data_parallel.py:503-520: a
+    torch.distributed.broadcast of every parameter from the first DP rank, which verl 0.6.0 / 0.7.1's get_model calls
+    after wrapping, utils/megatron_utils.py 0.7.1:163-164) with nothing to copy on the meta device: c10d's broadcast
+    has no meta kernel ("c10d::broadcast_: attempted to run this operator with Meta tensors"). It moves values, not
+    shapes: a module of meta parameters skips it."""
+    from megatron.core.distributed import DistributedDataParallel as DDP
+
+    if getattr(DDP.broadcast_params, "_recipes_meta", False):
+        return
+    plain = DDP.broadcast_params
+
+    def broadcast_params(self):
+        if all(param.is_meta for param in self.module.parameters()):
+            return None
+        return plain(self)
+
+    broadcast_params._recipes_meta = True
+    DDP.broadcast_params = broadcast_params
 
 
 def sequence_parallel_torch_norm() -> None:

@@ -1,21 +1,28 @@
-"""Build ranks of a launch's Megatron training layout on one CPU, as verl 0.9.1's engine builds them: the shape
-check's builder (ascend_rl/shape_check.py runs it; not a user command).
+"""Build ranks of a launch's Megatron training layout on one CPU, as the base's verl builds them: the shape check's
+builder (ascend_rl/shape_check.py runs it; not a user command).
 
     python -m ascend_rl.harness.fake_ranks SPEC.json OUT.json
 
 Run in the base's e2e environment with its CPU verl tree (the overlay's CPU series: cpu_compat) and its Megatron
 packages on PYTHONPATH, and the base's CPU environment (VERL_PLATFORM=cpu ...). SPEC (JSON): model_dir (a folder
 with config.json), world, tp, pp, ep, etp, cp, vpp, sequence_parallel, dtype, use_distributed_optimizer,
-override_transformer_config, override_ddp_config, ranks: [[rank, "actor" | "ref"], ...], jobs.
+override_transformer_config, override_ddp_config, ranks: [[rank, "actor" | "ref"], ...], jobs; builder: "engine"
+(verl 0.9.1, the default) or "worker" (verl 0.6.0 / 0.7.1), and for the worker freeze_moe_router.
 
 The modules are imported once; then each rank is built in a process of its own (a fork, `jobs` at a time), with
 torch.distributed's fake backend at the launch's world size and every tensor on the meta device
 (ascend_rl/harness/fake_megatron.py): verl's own MegatronEngine._build_tf_config (the launch's
 override_transformer_config onto Megatron-Bridge's provider, engine/megatron/transformer_impl.py:283-412) and
 make_megatron_module (the actor wrapped in megatron-core's DDP, the reference not: transformer_impl.py:465-489).
+verl 0.6.0 / 0.7.1 with use_mbridge=False (megatron-core 0.12.1) build through their Megatron worker instead
+(workers/megatron_workers.py, _init_hf_config_and_tf_config and _build_model_optimizer): verl's own
+hf_to_mcore_config(hf_config, dtype, **override_transformer_config), then verl's make_megatron_module with no
+bridge, which calls verl's get_model(a provider of init_mcore_model, wrap_with_ddp=..., use_distributed_optimizer=...)
+(utils/megatron_utils.py).
 Per rank OUT holds: the decoder layers built, dense and expert parameter elements and bytes, and for the actor each
 DDP buffer (megatron-core's own padding) with the elements the distributed optimizer gives this rank
-(DistributedOptimizer._build_model_gbuf_range); or the error megatron-core raised, in its own words.
+(DistributedOptimizer._build_model_gbuf_range); or the error megatron-core raised, in its own words. OUT also names
+the megatron-core version that built them (megatron_core).
 """
 
 from __future__ import annotations
@@ -63,16 +70,11 @@ def _engine_self(spec: dict, hf_config):
     )
 
 
-def build_rank(spec: dict, rank: int, role: str) -> dict:
-    """One rank, in this process: what it holds, or megatron-core's refusal."""
-    import torch
-    from transformers import AutoConfig
-    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
-    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
-
+def _fake_rank(spec: dict, rank: int) -> None:
+    """This process as `rank` of the launch's world: the fake process group, megatron-core's parallel state at the
+    launch's sizes (as verl calls initialize_model_parallel), the current device the meta device."""
     from ascend_rl.harness import fake_megatron
 
-    t0 = time.monotonic()
     fake_megatron.init_fake_process_group(rank, spec["world"])
     fake_megatron.initialize_model_parallel(
         tensor_model_parallel_size=spec["tp"],
@@ -83,6 +85,17 @@ def build_rank(spec: dict, rank: int, role: str) -> dict:
         expert_tensor_parallel_size=spec["etp"],
     )
     fake_megatron.on_meta_device()
+
+
+def build_rank(spec: dict, rank: int, role: str) -> dict:
+    """One rank, in this process: what it holds, or megatron-core's refusal."""
+    import torch
+    from transformers import AutoConfig
+    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    t0 = time.monotonic()
+    _fake_rank(spec, rank)
     hf_config = AutoConfig.from_pretrained(spec["model_dir"])
     engine = _engine_self(spec, hf_config)
     MegatronEngine._build_tf_config(engine)
@@ -106,6 +119,57 @@ def build_rank(spec: dict, rank: int, role: str) -> dict:
             peft_cls=None,
             peft_config=None,
         )
+    return _measure(spec, rank, role, modules, t0)
+
+
+def build_rank_worker(spec: dict, rank: int, role: str) -> dict:
+    """One rank as verl 0.6.0 / 0.7.1's Megatron worker builds it with use_mbridge=False (megatron-core 0.12.1):
+    ActorRolloutRefWorker.init_model / _build_model_optimizer (workers/megatron_workers.py; 0.7.1: :285-294 the
+    parallel state, :107-238 the configs, :377-484 the modules; 0.6.0: :203-212, :102-171, :288-373), verl's own
+    functions called as the worker calls them."""
+    import torch
+    from transformers import AutoConfig
+    from verl.models.mcore import hf_to_mcore_config
+    from verl.models.mcore.config_converter import mapping_string_to_attn_backend
+    from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
+
+    from ascend_rl.harness import fake_megatron
+
+    t0 = time.monotonic()
+    _fake_rank(spec, rank)
+    fake_megatron.meta_modules_stay_on_meta()
+    fake_megatron.meta_broadcast_params()
+    # _init_hf_config_and_tf_config: the HF config (the tokenizer's token ids it also sets change no shape); 0.7.1's
+    # worker turns MTP off (:159-161), 0.6.0's keeps the config's and its converter refuses MTP layers
+    hf_config = AutoConfig.from_pretrained(spec["model_dir"])
+    if spec.get("base") != "0.6.0" and hasattr(hf_config, "num_nextn_predict_layers"):
+        hf_config.num_nextn_predict_layers = 0
+    # 0.7.1 takes the launch's megatron.dtype (:579), 0.6.0 builds in bfloat16 whatever it says (:474)
+    dtype = torch.bfloat16 if spec.get("base") == "0.6.0" else getattr(torch, spec["dtype"])
+    otc = mapping_string_to_attn_backend(dict(spec["override_transformer_config"]))
+    tf_config = hf_to_mcore_config(hf_config, dtype, **otc)
+    actor = role == "actor"
+    wrap = McoreModuleWrapperConfig(
+        is_value_model=False,
+        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        wrap_with_ddp=actor,
+        use_distributed_optimizer=bool(spec["use_distributed_optimizer"]),
+    )
+    override_model_config = {"moe_config": {"freeze_moe_router": bool(spec.get("freeze_moe_router"))}}
+    kwargs = {"override_ddp_config": dict(spec.get("override_ddp_config") or {})} if actor else {}
+    with torch.device("meta"):
+        built = make_megatron_module(
+            wrap_config=wrap, tf_config=tf_config, hf_config=hf_config, bridge=None,
+            override_model_config=override_model_config, **kwargs,
+        )  # fmt: skip
+    # 0.7.1 returns (modules, tf_config), 0.6.0 the modules
+    modules = built[0] if isinstance(built, tuple) else built
+    return _measure(spec, rank, role, modules, t0)
+
+
+def _measure(spec: dict, rank: int, role: str, modules, t0: float) -> dict:
+    """What a built rank holds: its layers, parameters and (the actor) DDP buffers."""
+    actor = role == "actor"
     out: dict = {"rank": rank, "role": role, "layers": 0, "dense": 0, "expert": 0, "dense_bytes": 0}
     out["expert_bytes"] = 0
     names = []
@@ -180,7 +244,8 @@ def _owned_by_dp_rank(buf) -> list[int]:
 
 def _child(spec: dict, rank: int, role: str, path: Path) -> None:
     try:
-        result = build_rank(spec, rank, role)
+        build = build_rank_worker if spec.get("builder") == "worker" else build_rank
+        result = build(spec, rank, role)
     except BaseException as exc:  # noqa: BLE001 - megatron-core refuses with AssertionError and ValueError alike
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}"
@@ -220,12 +285,18 @@ def main(argv: list[str]) -> int:
     from transformers import AutoConfig  # noqa: F401
     from verl.utils.megatron import cpu_compat
     from verl.utils.megatron_utils import make_megatron_module  # noqa: F401
-    from verl.workers.engine.megatron.transformer_impl import MegatronEngine  # noqa: F401
 
     from ascend_rl.harness import fake_megatron
 
-    cpu_compat.apply()
-    cpu_compat.import_megatron_bridge()
+    if spec.get("builder") == "worker":
+        from verl.models.mcore import hf_to_mcore_config, init_mcore_model  # noqa: F401
+
+        cpu_compat.apply()
+    else:
+        from verl.workers.engine.megatron.transformer_impl import MegatronEngine  # noqa: F401
+
+        cpu_compat.apply()
+        cpu_compat.import_megatron_bridge()
     fake_megatron.sequence_parallel_torch_norm()
     imported = time.monotonic() - t0
     work = out_path.with_suffix(".ranks")
@@ -256,7 +327,10 @@ def main(argv: list[str]) -> int:
                 {"rank": rank, "role": role, "error": f"the build process died (wait status {status})"}
             )
     tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"imports_s": round(imported, 2), "ranks": results}, indent=1))
+    from megatron.core.package_info import __version__ as megatron_core
+
+    result = {"imports_s": round(imported, 2), "megatron_core": megatron_core, "ranks": results}
+    tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, out_path)
     return 0
 

@@ -17,10 +17,11 @@ refusal of a layout is printed in its own words, with the setting that fixes it 
 The rollout's weights per rank are the plan's, from vLLM's weight loaders' shard rules (memory_plan's
 rollout weights term; not built: vLLM's model classes need its engine's distributed state).
 
-Bases: verl 0.9.1 (Megatron-Bridge's provider from the HF config, as its engine builds it). The 0.6.0 / 0.7.1
-bases (megatron-core 0.12.1 through verl's converter / mbridge) are not built yet: their layout is checked by the
-rules only (preflight's megatron check). Results are cached in the download cache by a key of the build's inputs
-(config, layout, settings, the builder's and megatron's sources); --no-cache builds again.
+Bases: verl 0.9.1 (Megatron-Bridge's provider from the HF config, as its engine builds it, in .venv-e2e-091);
+verl 0.6.0 / 0.7.1 (megatron-core 0.12.1 through verl's Megatron worker with use_mbridge=False: verl's
+hf_to_mcore_config, then get_model with init_mcore_model, in the e2e environment .venv-e2e). Results are cached in
+the download cache by a key of the build's inputs (config, layout, settings, the builder's and megatron's sources);
+--no-cache builds again.
 
 Exit status: 0 every rank class built and equal to the plan; 1 refused by megatron-core, or a figure differs; 2 usage.
 """
@@ -47,8 +48,12 @@ HERE = Path(__file__).resolve().parent
 OTC_PREFIX = "actor_rollout_ref.actor.megatron.override_transformer_config."
 DDP_PREFIX = "actor_rollout_ref.actor.megatron.override_ddp_config."
 MEG = "actor_rollout_ref.actor.megatron."
-# the bases whose model-building path the builder knows (fake_ranks.py: verl 0.9.1's engine)
-BUILT_BASES = ("0.9.1",)
+# the bases whose model-building path the builder knows (fake_ranks.py): verl 0.9.1's engine (Megatron-Bridge,
+# megatron-core 0.16.1), verl 0.6.0 / 0.7.1's Megatron worker (verl's converter, megatron-core 0.12.1)
+BUILT_BASES = ("0.9.1", "0.7.1", "0.6.0")
+ENGINE_BASES = ("0.9.1",)
+# the environment the worker bases build in: the e2e environment (torch 2.9.1, the constraints.txt stack)
+WORKER_ENV = REPO / ".venv-e2e"
 # an HF architectures entry for the model types the plan ships (AutoConfig needs model_type only)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -111,7 +116,17 @@ def launch_spec(t: Target, model_dir: Path, ranks: list[tuple[int, str]], jobs: 
         "override_ddp_config": ddp,
         "ranks": [list(r) for r in ranks],
         "jobs": jobs,
+        **_worker_spec(t),
     }
+
+
+def _worker_spec(t: Target) -> dict:
+    """What verl 0.6.0 / 0.7.1's worker path reads beyond the engine's (nothing for 0.9.1: its key stays as it was):
+    the base, and the router frozen by the launch's model.override_config.moe_config (make_megatron_module)."""
+    if t.base in ENGINE_BASES:
+        return {}
+    freeze = t.settings.get("actor_rollout_ref.model.override_config.moe_config.freeze_moe_router")
+    return {"builder": "worker", "base": t.base, "freeze_moe_router": str(freeze).lower() == "true"}
 
 
 def rank_classes(t: Target) -> list[tuple[int, str]]:
@@ -152,16 +167,23 @@ def write_model_dir(model: dict, root: Path) -> Path:
 # ------------------------------------------------------------------------------------------------ the build
 
 
-def _sources_digest(tree: Path, packages: Path) -> str:
-    """What the build's result depends on besides its input: the builder, the CPU stand-ins, verl's engine and the
-    Megatron packages (by their folder, which is keyed by their pins)."""
+def _sources_digest(tree: Path, packages: Path, worker: bool = False) -> str:
+    """What the build's result depends on besides its input: the builder, the CPU stand-ins, verl's engine (or, for
+    the worker path, verl's converter and model initializer) and the Megatron packages (by their folder, which is
+    keyed by their pins)."""
     h = hashlib.sha256(packages.name.encode())
+    mcore = tree / "verl" / "models" / "mcore"
     for path in (
         HERE / "fake_ranks.py",
         HERE / "fake_megatron.py",
         tree / "verl" / "utils" / "megatron" / "cpu_compat.py",
         tree / "verl" / "workers" / "engine" / "megatron" / "transformer_impl.py",
         tree / "verl" / "utils" / "megatron_utils.py",
+        *(
+            (mcore / "config_converter.py", mcore / "model_initializer.py", mcore / "registry.py")
+            if worker
+            else ()
+        ),
     ):
         h.update(path.read_bytes() if path.is_file() else b"-")
     return h.hexdigest()
@@ -218,22 +240,31 @@ def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, l
 
     if t.base not in BUILT_BASES:
         raise ShapeCheckError(
-            f"the builder knows verl {', '.join(BUILT_BASES)}'s model-building path, not {t.base}'s (megatron-core "
-            "0.12.1 through verl's converter / mbridge); its layout is checked by the rules only: "
-            "python3 -m ascend_rl preflight's megatron line"
+            f"the builder knows verl {', '.join(BUILT_BASES)}'s model-building path, not {t.base}'s; its layout is "
+            "checked by the rules only: python3 -m ascend_rl preflight's megatron line"
         )
-    try:
-        python = base_python(t.base)
-    except HarnessError as exc:
-        raise ShapeCheckError(str(exc)) from None
+    worker = t.base not in ENGINE_BASES
+    if worker:
+        python = WORKER_ENV / "bin" / "python"
+        if not python.is_file():
+            raise ShapeCheckError(
+                f"verl {t.base}'s model is built in the e2e environment and {WORKER_ENV.name} is missing; make it "
+                "with `bash scripts/setup_e2e.sh`"
+            )
+    else:
+        try:
+            python = base_python(t.base)
+        except HarnessError as exc:
+            raise ShapeCheckError(str(exc)) from None
     root = artifacts.cache_dir() / "shape-check"
     root.mkdir(parents=True, exist_ok=True)
     model_dir = write_model_dir(t.model, root)
     tree = cpu_tree(t.recipe, t.base)
-    packages = artifacts.megatron_packages(python, t.base)
+    # the 0.6.0 / 0.7.1 stack is MEGATRON_STACKS[None] (constraints.txt: megatron-core 0.12.1)
+    packages = artifacts.megatron_packages(python, None if worker else t.base)
     spec = launch_spec(t, model_dir, ranks, jobs)
     key = hashlib.sha256(
-        json.dumps(spec, sort_keys=True).encode() + _sources_digest(tree, packages).encode()
+        json.dumps(spec, sort_keys=True).encode() + _sources_digest(tree, packages, worker).encode()
     ).hexdigest()[:16]
     cached = root / f"build-{key}.json"
     if use_cache and cached.is_file():
@@ -442,8 +473,9 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     built = {key: fig for r in result["ranks"] for key, fig in built_figures(t, r).items()}
     planned = planned_figures(t, local_spec=True)
     te = planned_figures(t, local_spec=False)
-    log(f"shape_check: {len(result['ranks'])} rank classes built ({len(built)} ranks' figures) in {result.get('wall_s', 0)} s (imports {result.get('imports_s')} s); "
-        f"split {list(split)}")  # fmt: skip
+    log(f"shape_check: {len(result['ranks'])} rank classes built ({len(built)} ranks' figures) in "
+        f"{result.get('wall_s', 0)} s (imports {result.get('imports_s')} s) by megatron-core "
+        f"{result.get('megatron_core', '?')}; split {list(split)}")  # fmt: skip
     log(table(built, te))
     log(rollout_line(t))
     diffs = compare(built, planned)

@@ -65,8 +65,12 @@ def test_end_stage_counts_follow_megatrons_rule_and_a_layout_string_is_refused_o
         ml.pipeline_split(_s(num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7), 61)
     with pytest.raises(ml.LayoutError, match="larger than 0"):
         ml.pipeline_split(_s(num_layers_in_first_pipeline_stage=0), 61)
-    with pytest.raises(ml.LayoutError, match="unexpected keyword argument 'pipeline_model_parallel_layout'"):
-        ml.pipeline_split(_s(mcore="0.12.1", pipeline_model_parallel_layout=ORIGINAL), 61)
+    # verl 0.6.0 / 0.7.1's converter drops the key with a warning (tests/harness/test_shape_check_012.py builds it):
+    # refused, since the launch would build another split than it names
+    with pytest.raises(
+        ml.LayoutError, match="has no pipeline_model_parallel_layout: verl's converter drops it"
+    ):
+        ml.pipeline_split(_s(mcore="0.12.1", pipeline_model_parallel_layout=ORIGINAL), 64)
 
 
 def test_recompute_block_8_recomputes_every_layer_of_the_launchs_stages_and_megatrons_refusals():
