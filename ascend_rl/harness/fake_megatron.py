@@ -1,8 +1,8 @@
 """What building one rank of a Megatron layout needs on a CPU with torch.distributed's fake backend and the meta
 device (the shape check's builder, ascend_rl/harness/fake_ranks.py): each stand-in with the upstream line it
 stands in for. tests/harness/test_shape_check_091.py (megatron-core 0.16.1) and test_shape_check_012.py (0.12.1)
-show each upstream fact still holds, so a megatron-core that
-changes under a stand-in fails there, not in a silently different build.
+show each upstream fact still holds, so a megatron-core that changes under a stand-in fails there, not in a silently
+different build.
 
 Run inside a verl tree made by the overlay's CPU series (its verl/utils/megatron/cpu_compat.py: what megatron-core
 lacks on a CPU, shared with the CPU runs) with the base's Megatron packages on PYTHONPATH. On top of cpu_compat:
