@@ -235,6 +235,9 @@ def test_the_killed_default_base_run_trains_with_one_forward_and_synced_weights_
         f"{name}: the policy barely moved (stale gap {stale}); the check would prove nothing"
     )
     assert rollout <= stale / 5, f"{name}: rollout gap {rollout} vs stale gap {stale}: vLLM holds old weights"
+    # the stale gap is to the initial weights across the resume: the rerun's reference is built from the model path,
+    # not the checkpoint, so at the rerun's first step (2) the actor is already an update away from it
+    assert run[f"stale_{gap}_diff_mean"][1] > 1e-6, f"{name}: the rerun's reference is the checkpoint's actor"
     metrics = _metrics(faults_ci_out, recipe)
     assert [r["step"] for r in metrics] == [1, 2, 3], "verl's file logger"
     assert all("critic/score/mean" in r["data"] and r["data"]["actor/grad_norm"] > 0 for r in metrics)
