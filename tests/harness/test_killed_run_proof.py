@@ -109,8 +109,9 @@ def test_a_rerun_that_started_again_from_step_1_fails_the_resume_and_steps_check
 @pytest.mark.parametrize("name", e2e.KILLED_RUNS)
 def test_a_rerun_whose_vllm_kept_the_checkpoint_weights_fails_the_weight_sync_check(tmp_path, name):
     """The rerun's first sync loads the step-1 checkpoint and the ones after its updates are lost: at step 3 vLLM is
-    one update behind, its gap about half the stale gap (two updates from the initial weights)."""
-    killed, rerun = _runs(tmp_path, name, rerun_rollout=[0.002, 0.03])
+    one update behind, its gap near the stale gap (two updates from the initial weights; Qwen's real rerun so broken:
+    0.185 against 0.239)."""
+    killed, rerun = _runs(tmp_path, name, rerun_rollout=[0.002, 0.046])
     verdicts = _verdicts(e2e.killed_run_proof(name, killed, rerun, 3))
     assert verdicts["weight sync"] is False and verdicts["policy moved"] is True, verdicts
 
