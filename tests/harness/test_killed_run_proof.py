@@ -2,8 +2,8 @@
 
 The real runs: tests/harness/test_faults.py (CI_PLAN). Here the checks are fed what those runs write (verl's file
 logger's metrics.jsonl, ds-0006's reshard.jsonl, the tiny DeepSeek-V3's config.json) for a killed run and its rerun,
-as a good resume left them and as three broken ones would: a rerun that started again from step 1 (the tracker
-lost), a rerun whose vLLM kept the checkpoint's weights (the sync after the rerun's update gone), a rerun whose ranks
+as a good resume left them and as three broken ones would: a rerun that started again from step 1 (no complete
+checkpoint left), a rerun whose vLLM kept the checkpoint's weights (the sync after the rerun's update gone), a rerun whose ranks
 synced once too few. Each broken one must fail the check that names it.
 """
 
@@ -100,7 +100,9 @@ def test_a_run_killed_in_its_step_2_save_and_resumed_carries_every_check_of_the_
 
 @pytest.mark.parametrize("name", e2e.KILLED_RUNS)
 def test_a_rerun_that_started_again_from_step_1_fails_the_resume_and_steps_checks(tmp_path, name):
-    """The tracker lost before the rerun: verl starts from scratch and logs steps 1 to 3 again."""
+    """No complete checkpoint handed to the rerun (global_step_1 gone; the tracker alone is not enough, shared-0012
+    finds the newest complete folder without it): verl starts from scratch and logs steps 1 to 3 again, as Qwen's
+    real rerun so broken did (steps [1, 1, 2, 3], resumed from 0)."""
     killed, rerun = _runs(tmp_path, name, rerun_steps=(1, 2, 3), rerun_syncs=4)
     verdicts = _verdicts(e2e.killed_run_proof(name, killed, rerun, 3))
     assert verdicts["resumed"] is False and verdicts["steps"] is False, verdicts
