@@ -78,6 +78,7 @@ from ascend_rl.harness.launch import (
     launch,
     out_lock,
     read_jsonl,
+    read_metrics,
     tracked_step,
 )
 from ascend_rl.paths import REPO
@@ -113,6 +114,7 @@ RESUMES = {"resume": "sync", "v071-resume": "v071", "v091-resume": "v091"}
 # BatchRewardManager hands compute_score_batch a step's lists; the per-answer manager would hand it one string each
 # and the run would fail). verl 0.7.1 has no batch manager (the Qwen README says where).
 REWARD_PATHS = {"resume": ("batch", "compute_score_batch")}
+MIN_STALE = 0.01  # the least stale gap at the last step: the policy moved enough for the weight-sync check to mean something
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -145,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="supervised steps that stand in for the instruct checkpoint (default: %(default)s)",
     )
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
-    parser.add_argument("--min-stale", type=float, default=0.01, help="least stale gap at the last step")
+    parser.add_argument("--min-stale", type=float, default=MIN_STALE, help="least stale gap at the last step")
     parser.add_argument(
         "--disable-weight-sync",
         action="store_true",
@@ -380,28 +382,14 @@ def run(name: str, args: argparse.Namespace, model_dir: Path, data_dir: Path) ->
 def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
     runs = {}
     for r in results:
-        runs[r.name] = {
-            "steps_done": [row["step"] for row in r.rows],
-            "reward_mean": [row.get(SCORE_KEY) for row in r.rows],
-            "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in r.rows],
-            "stale_probs_diff_mean": [row.get(STALE_KEY) for row in r.rows],
-            "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
-            "base": RUN_BASE[r.name],
-            "resumed_from_step": r.resumed_from,
-            "checkpoint_at_start": r.checkpoint_at_start,
-            "wall_s": round(r.wall_s, 1),
-            "peak_rss_gib": round(r.peak_rss_gib, 2),
-            "peak_pss_gib": round(r.peak_pss_gib, 2),
-        }
-        runs[r.name]["reward_path"] = reward_path(args.out / r.name / "launcher.log")
-        if r.name in DEEPSEEK_RUNS:
-            runs[r.name].update(deepseek_figures(r.rows, args.out / r.name, RUN_BASE[r.name]))
-        elif r.name in SKIP_RUNS:
-            runs[r.name].update(skip_figures(r.rows, "probs"))
-        if r.name in MULTINODE_RUNS:
-            runs[r.name].update(node_figures(args.out / r.name, MULTINODE_RUNS[r.name]))
-        if r.name in RUN_RANKS:
-            runs[r.name].update(rank_figures(r.rows, args.out / r.name))
+        runs[r.name] = run_figures(r.name, r.rows, args.out / r.name)
+        runs[r.name].update(
+            resumed_from_step=r.resumed_from,
+            checkpoint_at_start=r.checkpoint_at_start,
+            wall_s=round(r.wall_s, 1),
+            peak_rss_gib=round(r.peak_rss_gib, 2),
+            peak_pss_gib=round(r.peak_pss_gib, 2),
+        )
     return {
         "weight_sync_disabled": args.disable_weight_sync,
         "old_log_prob_recomputed": args.recompute_old_log_prob,
@@ -410,6 +398,65 @@ def summarise(results: list[RunResult], args: argparse.Namespace) -> dict:
         "runs": runs,
         "checks": check(runs, args),
     }
+
+
+def run_figures(name: str, rows: list[dict], run_dir: Path) -> dict:
+    """What the checks read of one run of `name`: per step (rows, verl's metrics) and from its folder run_dir."""
+    figures = {
+        "steps_done": [row["step"] for row in rows],
+        "reward_mean": [row.get(SCORE_KEY) for row in rows],
+        "rollout_probs_diff_mean": [row.get(ROLLOUT_KEY) for row in rows],
+        "stale_probs_diff_mean": [row.get(STALE_KEY) for row in rows],
+        "gap": "probs",  # which pair of *_diff_mean lists the weight-sync check reads
+        "base": RUN_BASE[name],
+        "reward_path": reward_path(run_dir / "launcher.log"),
+    }
+    if name in DEEPSEEK_RUNS:
+        figures.update(deepseek_figures(rows, run_dir, RUN_BASE[name]))
+    elif name in SKIP_RUNS:
+        figures.update(skip_figures(rows, "probs"))
+    if name in MULTINODE_RUNS:
+        figures.update(node_figures(run_dir, MULTINODE_RUNS[name]))
+    if name in RUN_RANKS:
+        figures.update(rank_figures(rows, run_dir))
+    return figures
+
+
+# The runs whose proof a run killed in its step-2 save and its resumed rerun can carry (faults --e2e-checks, make
+# test's kills): both recipes' default base, whose runs skip the old-log-prob pass (one actor forward per step).
+KILLED_RUNS = ("v091", "deepseek-v091")
+
+
+def killed_run_proof(
+    name: str, killed_dir: Path, rerun_dir: Path, steps: int, min_stale: float = MIN_STALE
+) -> dict:
+    """The e2e figures and checks of run `name` (KILLED_RUNS) done as two processes: one killed inside its step-2
+    save (it logged step 1: its checkpoint and the sync after its update come before the step's log line) and a
+    rerun that resumed from that step-1 checkpoint (steps 2 to `steps`). Each step's figures come from the process
+    that ran it: the step-1 reference check (DeepSeek) from the killed run, the last step's weight-sync check from
+    the rerun. The stale gap stays the distance to the initial weights across the resume: it is measured against
+    the reference model (update_gap.py), which every process builds from the model path, never from the actor's
+    checkpoint, and the rerun's actor carries step 1's update from it. So at the last step the policy has moved by
+    steps - 1 updates, as in one uninterrupted run, and a rerun whose vLLM kept the weights it started with (the
+    initial model) or the checkpoint's (one update behind) shows a rollout gap at the stale level or near it (Qwen's
+    rerun with every sync after its first skipped, 2026-12-08: 0.185 against a stale gap of 0.239 at step 3).
+    The reshard's syncs are checked per process (each counts its own from 1): the killed run's two (before step 1,
+    after its update) and the rerun's, one before its first step and one after each update."""
+    if name not in KILLED_RUNS:
+        raise HarnessError(f"{name} carries no proof through a kill; those that do: {', '.join(KILLED_RUNS)}")
+    killed = read_metrics(killed_dir / "metrics.jsonl")
+    rerun = read_metrics(rerun_dir / "metrics.jsonl")
+    run = run_figures(name, killed + rerun, rerun_dir)
+    run.update(
+        killed_steps=[row["step"] for row in killed],
+        rerun_steps=[row["step"] for row in rerun],
+        # the step the rerun resumed from: the first step it logged, one after the checkpoint it was handed
+        resumed_from_step=rerun[0]["step"] - 1 if rerun else None,
+    )
+    if name in DEEPSEEK_RUNS:
+        run["reshard_killed"] = read_reshard(killed_dir / "reshard.jsonl")
+    args = argparse.Namespace(steps=steps, min_stale=min_stale)
+    return {"run": run, "checks": check({name: run}, args)}
 
 
 def skip_figures(rows: list[dict], gap: str) -> dict:
@@ -490,26 +537,34 @@ def check_deepseek(name: str, run: dict, steps: int) -> list[dict]:
             "detail": f"stale gap at step 1 {first} (the reference starts from the actor's weights: {REFERENCE_FROM[RUN_BASE[name]]})",
         }
     )
-    reshard, expected = run["reshard"], run["reshard_expected_recv_bytes"]
+    expected = run["reshard_expected_recv_bytes"]
     # verl 0.6.0 syncs as each step's generation starts; 0.7.1 once before step 1 and after each update
-    # (ray_trainer.py:1273 and :1566), the last one included
-    want_syncs = list(range(1, syncs_per_run(name, steps) + 1))
-    syncs = sorted({r["sync"] for r in reshard})
-    ranks = sorted({r["rank"] for r in reshard})
-    equal = all(
-        r["recv_bytes"] == r["plan_recv_bytes"] == expected and r["sent_bytes"] == r["plan_sent_bytes"]
-        for r in reshard
-    )
-    got = sorted({r["recv_bytes"] for r in reshard})
-    results.append(
-        {
-            "run": name,
-            "check": "reshard bytes",
-            "ok": bool(reshard) and equal and syncs == want_syncs and ranks == [0, 1],
-            "detail": f"received per rank and sync {got} B, plan's {sorted({r['plan_recv_bytes'] for r in reshard})}, "
-            f"the config's {expected}; syncs {syncs} (want {want_syncs}), ranks {ranks}",
-        }
-    )
+    # (ray_trainer.py:1273 and :1566), the last one included. A run killed in its step-2 save and resumed
+    # (killed_run_proof): each process counts its own syncs, the killed one's those of the steps it logged (0.9.1
+    # saves before its sync after the update: ray_trainer.py:1711 and :1716), the rerun's those of its steps
+    if "killed_steps" in run:
+        parts = [
+            ("killed run: ", run["reshard_killed"], len(run["killed_steps"])),
+            ("rerun: ", run["reshard"], len(run["rerun_steps"])),
+        ]
+    else:
+        parts = [("", run["reshard"], steps)]
+    ok, details = True, []
+    for label, reshard, part_steps in parts:
+        want_syncs = list(range(1, syncs_per_run(name, part_steps) + 1))
+        syncs = sorted({r["sync"] for r in reshard})
+        ranks = sorted({r["rank"] for r in reshard})
+        equal = all(
+            r["recv_bytes"] == r["plan_recv_bytes"] == expected and r["sent_bytes"] == r["plan_sent_bytes"]
+            for r in reshard
+        )
+        ok = ok and bool(reshard) and equal and syncs == want_syncs and ranks == [0, 1]
+        got = sorted({r["recv_bytes"] for r in reshard})
+        details.append(
+            f"{label}received per rank and sync {got} B, plan's {sorted({r['plan_recv_bytes'] for r in reshard})}, "
+            f"the config's {expected}; syncs {syncs} (want {want_syncs}), ranks {ranks}"
+        )
+    results.append({"run": name, "check": "reshard bytes", "ok": ok, "detail": "; ".join(details)})
     return results
 
 
@@ -633,6 +688,11 @@ def check(runs: dict, args: argparse.Namespace) -> list[dict]:
         results.append(
             {"run": name, "check": "steps", "ok": run["steps_done"] == want, "detail": f"{run['steps_done']}"}
         )
+        if "killed_steps" in run:  # killed in its step-2 save, resumed from step 1 (killed_run_proof)
+            killed, rerun = run["killed_steps"], run["rerun_steps"]
+            ok = killed == [1] and run["resumed_from_step"] == 1 and rerun == list(range(2, args.steps + 1))
+            detail = f"the killed run logged steps {killed}; the rerun resumed from step {run['resumed_from_step']} and logged {rerun}"
+            results.append({"run": name, "check": "resumed", "ok": ok, "detail": detail})
         if name in RESUMES:
             got, tracked = run["resumed_from_step"], run["checkpoint_at_start"]
             first = run["steps_done"][0] if run["steps_done"] else None

@@ -22,7 +22,10 @@ for real, from outside:
     reward@step2  every helper process of the reward (new_math_reward.py's math_verify zygote and workers)
                 once step 1 is logged: the reward replaces them, so the run itself must go on to its last step
 
-then reruns the launcher with trainer.resume_mode=auto on what the kill left. Pass: the rerun resumes from
+then reruns the launcher with trainer.resume_mode=auto on what the kill left. With --e2e-checks (make test's kills,
+group@save on verl 0.9.1 only) the killed run and its rerun also carry make e2e's proof of the run (e2e.killed_run_proof:
+steps 1 to 3 across the two, one actor forward per step, the weight sync at the last step, DeepSeek's reshard bytes
+and reference), so make test needs no separate uninterrupted run of each recipe's default base. Pass: the rerun resumes from
 the newest complete checkpoint (step 1: step 2's save never finished), never from scratch and never from a
 partial folder, finishes the run's steps, and no process of the killed run is left (found by a variable only
 this run's processes carry in their environment). A kill of one rank is also timed: how long the run takes
@@ -96,6 +99,9 @@ SUPPORTED = {
         "kills_on": {"0.9.1": ("group@save",)},
     },
 }
+# the kill whose runs carry e2e's proof with --e2e-checks (e2e.killed_run_proof): the default base's runs (e2e.KILLED_RUNS)
+# killed whole in the step-2 save, so the killed run logged step 1 and the rerun resumes from it
+E2E_CHECKED = ("0.9.1", "group@save")
 PAUSE_AT = "global_step_2"  # the first torch.save under it is the actor shard of the step-2 save
 STEPS = 3
 
@@ -124,6 +130,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run each base once uninterrupted and compare the rerun's step-2 metrics with it",
     )
     parser.add_argument(
+        "--e2e-checks",
+        action="store_true",
+        help="a kill in the step-2 save on verl 0.9.1 (group@save) also carries make e2e's proof of the run: "
+        "steps, one actor forward per step, weight sync, reshard bytes (DeepSeek), over the killed run's step 1 "
+        "and the rerun's steps 2 and 3 (make test's kills)",
+    )
+    parser.add_argument(
         "--timeout", type=int, default=900, help="seconds one run may take (default: %(default)s)"
     )
     args = parser.parse_args(argv)
@@ -139,6 +152,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.plan, args.not_run = plan(args.recipes, args.bases, args.kills)
     if not args.plan:
         parser.error("nothing to run: " + "; ".join(args.not_run))
+    other = sorted({f"{kind} on {base}" for _, base, kind in args.plan if (base, kind) != E2E_CHECKED})
+    if args.e2e_checks and other:
+        parser.error(
+            f"--e2e-checks is for {E2E_CHECKED[1]} on verl {E2E_CHECKED[0]} only; the plan has {', '.join(other)}"
+        )
     return args
 
 
@@ -159,22 +177,32 @@ def plan(
     return runs, sorted(set(left))
 
 
-def overrides(recipe: str, base: str) -> list[str]:
-    """e2e's short run of the recipe (Qwen: its sync run on 0.6.0, its v071 and v091 runs on 0.7.1 and 0.9.1; DeepSeek: its
-    deepseek, deepseek-v071 or deepseek-v091 run, without the reshard report), saving every step, keeping one."""
+def e2e_run(recipe: str, base: str) -> str:
+    """The recipe's e2e run on `base` (Qwen: its sync run on 0.6.0, its v071 and v091 runs on 0.7.1 and 0.9.1;
+    DeepSeek: its deepseek, deepseek-v071 or deepseek-v091 run)."""
+    runs = e2e.DEEPSEEK_RUNS if recipe == "deepseek_r1" else ("sync", "v071", "v091")
+    return next(run for run in runs if e2e.RUN_BASE[run] == base)
+
+
+def overrides(recipe: str, base: str, run_dir: Path | None = None) -> list[str]:
+    """e2e's short run of the recipe (e2e_run), saving every step, keeping one; DeepSeek's reshard report into
+    run_dir (left out without one)."""
     ns = argparse.Namespace(steps=STEPS, lr=2e-3, prompts=4, out=REPO / "e2e_out")
     mine = {
         "trainer.save_freq": "1",
         "trainer.max_actor_ckpt_to_keep": "1",
         "trainer.resume_mode": "auto",
     }
-    runs = e2e.DEEPSEEK_RUNS if recipe == "deepseek_r1" else ("sync", "v071", "v091")
-    name = next(run for run in runs if e2e.RUN_BASE[run] == base)  # the recipe's e2e run on that base
-    kept = [
-        o
-        for o in e2e.run_overrides(name, ns)
-        if o.split("=")[0] not in mine and "RECIPE_RESHARD_REPORT" not in o
-    ]
+    kept = []
+    for o in e2e.run_overrides(e2e_run(recipe, base), ns):
+        key = o.split("=")[0]
+        if key in mine:
+            continue
+        if "RECIPE_RESHARD_REPORT" in key:  # e2e's path is its own run folder's
+            if run_dir is None:
+                continue
+            o = f"{key}={run_dir / 'reshard.jsonl'}"
+        kept.append(o)
     return kept + [f"{k}={v}" for k, v in mine.items()]
 
 
@@ -214,7 +242,7 @@ def recipe_run(recipe: str, name: str, base: str, args, model_dir: Path, data_di
     return launch(
         name,
         DS_LAUNCHER if recipe == "deepseek_r1" else QWEN_LAUNCHER,
-        overrides(recipe, base),
+        overrides(recipe, base, args.out / name),
         args.out,
         model_dir,
         data_dir,
@@ -364,7 +392,25 @@ def kill_run(
     row["ended_s"] = round(ended - state["killed_at"], 1)
     row["ended_by_itself"] = not state.get("forced", False)
     row["left"], row["left_names"] = leftovers(tag)
-    return after_failure(row, name, tag, args, model_dir, data_dir, baseline)
+    row = after_failure(row, name, tag, args, model_dir, data_dir, baseline)
+    if getattr(args, "e2e_checks", False) and "rerun_steps" in row:
+        return with_e2e_proof(row, name, args)
+    return row
+
+
+def with_e2e_proof(row: dict, name: str, args) -> dict:
+    """The row with make e2e's proof over the killed run and its rerun (--e2e-checks), its checks in the verdict."""
+    try:
+        proof = e2e.killed_run_proof(
+            e2e_run(row["recipe"], row["base"]), args.out / name, args.out / f"{name}-rerun", STEPS
+        )
+    except HarnessError as err:
+        return {**row, "ok": False, "why": f"e2e's proof: {err}"}
+    failed = [f"{c['check']} ({c['detail']})" for c in proof["checks"] if not c["ok"]]
+    row = {**row, "e2e": proof, "ok": row["ok"] and not failed}
+    if failed:
+        row["why"] = "; ".join(filter(None, [row.get("why"), "e2e's checks failed: " + "; ".join(failed)]))
+    return row
 
 
 def after_failure(row, name, tag, args, model_dir, data_dir, baseline) -> dict:
@@ -488,6 +534,8 @@ def table(rows: list[dict]) -> str:
             f"{str(r.get('resumed_from', '-')):>7} {str(r.get('steps_lost', '-')):>4}  "
             + ("pass" if r["ok"] else f"FAIL: {r.get('why', '')}")
         )
+        for c in r.get("e2e", {}).get("checks", []):
+            lines.append(f"{'':<31}e2e: {'ok  ' if c['ok'] else 'FAIL'} {c['check']:<13} {c['detail']}")
         if r.get("vs_uninterrupted", {}).get("max_abs_diff") is not None:
             lines.append(
                 f"{'':<31}step 2 against the uninterrupted run: largest difference "

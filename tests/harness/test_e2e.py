@@ -19,10 +19,13 @@ import tier_report
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-# make test (CI): each recipe's default base once, with the weight-sync proof (both verl 0.9.1, in its own
-# environment, e2e_python_091). make test-full: the rest of the matrix, in the same output folder (v071-resume
-# continues the v071 run's step-2 checkpoint; test_e2e_091.py has 0.9.1's resume and two ranks).
-CI_RUNS = ("v091", "deepseek-v091")
+# make test (CI): the negative control on Qwen's default base (verl 0.9.1); the proof of each recipe's default base
+# (steps, one forward, weight sync, reshard bytes) rides on make test's kills (test_faults.py: the killed run and its
+# resumed rerun carry it, --e2e-checks), so the uninterrupted runs of the default bases (DEFAULT_RUNS, in their own
+# environment, e2e_python_091) are make test-full's, with the rest of the matrix in the same output folder
+# (v071-resume continues the v071 run's step-2 checkpoint; test_e2e_091.py has 0.9.1's resume and two ranks).
+DEFAULT_RUNS = ("v091", "deepseek-v091")
+CI_RUNS = ("v091",)  # the negative control's run
 MOE_ENV = "RECIPES_VLLM_CPU_MOE"  # ascend_rl/harness/verl_modules/recipes_vllm_cpu.py
 FULL_RUNS = ("sync", "async", "resume", "v071", "v071-resume", "deepseek", "deepseek-v071")
 QWEN_RUNS = ("v091", "sync", "async", "resume", "v071", "v071-resume")
@@ -59,9 +62,10 @@ def e2e_default(e2e_python, e2e_python_091, e2e_out):
     deepseek-v091 (the DeepSeek launcher's default, verl 0.9.1: its Megatron engine on 2 ranks, vLLM 0.23.0's CPU
     build, in the same environment), as `make e2e --runs v091,deepseek-v091` runs them. vLLM's CPU MoE is forced onto
     its torch path (RECIPES_VLLM_CPU_MOE=torch), the one an x86 CPU without AVX-512 takes, so CI runs it whatever the
-    machine (make test-full's DeepSeek runs leave the choice to vLLM)."""
-    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(CI_RUNS), env={MOE_ENV: "torch"})
-    tier_report.record_e2e("test_e2e", summary, list(CI_RUNS))
+    machine (make test-full's other DeepSeek runs leave the choice to vLLM). make test-full's: make test proves the
+    same of the killed and resumed runs (test_faults.py, --e2e-checks)."""
+    proc, summary = _e2e(e2e_python, e2e_out, "--runs", ",".join(DEFAULT_RUNS), env={MOE_ENV: "torch"})
+    tier_report.record_e2e("test_e2e", summary, list(DEFAULT_RUNS))
     return proc, summary, e2e_out
 
 
@@ -75,16 +79,16 @@ def e2e_matrix(e2e_python, e2e_default, e2e_out):
 
 
 def _runs(request, run: str):
-    """The e2e command that ran `run`: the default runs' (make test) or the matrix's (make test-full)."""
-    return request.getfixturevalue("e2e_default" if run in CI_RUNS else "e2e_matrix")
+    """The e2e command that ran `run`: the default bases' or the rest of the matrix's."""
+    return request.getfixturevalue("e2e_default" if run in DEFAULT_RUNS else "e2e_matrix")
 
 
-def _full(*runs: str, ci: tuple[str, ...] = CI_RUNS) -> list:
+def _full(*runs: str, ci: tuple[str, ...] = ()) -> list:
     """The runs as parameters, each carrying its tier: ci for those in `ci`, full for the rest."""
     return [pytest.param(r, marks=pytest.mark.ci if r in ci else pytest.mark.full) for r in runs]
 
 
-@pytest.mark.ci
+@pytest.mark.full  # make test: test_faults.py's kill of this run carries the same checks
 def test_the_default_base_0_9_1_trains_with_one_actor_forward_per_step(e2e_default):
     """verl 0.9.1, the Qwen default: 3 steps through the launcher, the engine workers (FSDP2 on gloo) and vLLM
     0.23.0's CPU server in .venv-e2e-091, the old-log-prob pass skipped (the update's forward is the only one,
@@ -112,7 +116,7 @@ def check_v091(proc: subprocess.CompletedProcess, summary: dict, out: Path) -> N
 DS_091 = "deepseek-v091"
 
 
-@pytest.mark.ci
+@pytest.mark.full  # make test: test_faults.py's kill of this run carries the same checks
 def test_the_deepseek_default_base_0_9_1_trains_through_the_megatron_engine(e2e_default):
     """verl 0.9.1, the DeepSeek default (run_deepseek_r1_a3.sh --cpu on it): main_ppo's legacy trainer, the engine
     workers with 0.9.1's MegatronEngine (megatron-core 0.16.1, Megatron-Bridge 0.3.1, fp32) on 2 gloo ranks (EP=2),
@@ -211,7 +215,7 @@ def test_vllm_samples_from_the_updated_weights(request, run):
     "name, base, syncs",
     [
         # the DeepSeek default: 0.9.1's Megatron engine, the bytes in fp32 (the engine's dtype on CPU)
-        pytest.param(DS_091, "0.9.1", 4, marks=pytest.mark.ci),
+        pytest.param(DS_091, "0.9.1", 4, marks=pytest.mark.full),
         pytest.param("deepseek", "0.6.0", 3, marks=pytest.mark.full),
         pytest.param("deepseek-v071", "0.7.1", 4, marks=pytest.mark.full),
     ],
@@ -245,7 +249,7 @@ def test_deepseek_run_skips_the_old_log_prob_pass_and_routes_the_planned_bytes(r
 
 # make test runs one negative control, on Qwen's default base; make test-full runs every run's
 @pytest.mark.parametrize(
-    "run", _full("v091", "v071", "sync", DS_091, "deepseek", "deepseek-v071", ci=("v091",))
+    "run", _full("v091", "v071", "sync", DS_091, "deepseek", "deepseek-v071", ci=CI_RUNS)
 )
 def test_without_the_weight_sync_the_gap_grows_to_the_stale_level(request, e2e_python, tmp_path, run):
     """The negative control: with update_weights disabled in the rollout (on 0.9.1 every sync after the first
