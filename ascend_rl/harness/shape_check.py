@@ -76,10 +76,17 @@ def target_from_plan(plan: dict) -> Target:
     """The launch of a dry run's JSON plan."""
     settings = mp.settings_from_plan(plan)
     base = str((plan.get("verl") or {}).get("version") or "")
-    if str(settings["actor_rollout_ref.actor.strategy"]) != "megatron":
+    strategy = str(settings["actor_rollout_ref.actor.strategy"])
+    if strategy == "fsdp":
         raise ShapeCheckError(
-            "the launch's actor is FSDP, not Megatron: there is no pipeline layout to build (its shards are "
-            "memory_plan's fsdp2_shards; python3 -m ascend_rl plan_memory shows them)"
+            "the launch's actor is FSDP1 (actor.strategy=fsdp: verl's engine wraps it in FullyShardedDataParallel's "
+            "flat parameters), which the check does not build; it builds FSDP2 (actor_rollout_ref.actor.strategy="
+            "fsdp2) and Megatron launches"
+        )
+    if strategy == "fsdp2" and base not in ENGINE_BASES:
+        raise ShapeCheckError(
+            f"the check builds FSDP2 as verl {', '.join(ENGINE_BASES)}'s FSDP engine shards it, not verl {base}'s "
+            "legacy workers (their shard_placement_fn); memory_plan's fsdp2_shards plans them"
         )
     try:
         model, _ = mp.model_config(settings.get("actor_rollout_ref.model.path"))
@@ -449,6 +456,13 @@ def rollout_line(t: Target) -> str:
 
 def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     """Check `t`: (exit status, report)."""
+    if str(t.settings["actor_rollout_ref.actor.strategy"]) == "fsdp2":
+        from ascend_rl.harness import shape_check_fsdp
+
+        try:
+            return shape_check_fsdp.run(t, jobs, use_cache, log)
+        except shape_check_fsdp.ShapeCheckError as exc:  # this module's class when run as __main__
+            raise ShapeCheckError(str(exc)) from None
     from ascend_rl.preflight.shape import shape_problem_check
 
     report: dict[str, Any] = {"base": t.base, "recipe": t.recipe}
