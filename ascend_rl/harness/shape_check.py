@@ -281,13 +281,18 @@ def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, l
     env.update(dict(manifest.resolve_launch(t.recipe, t.base, profile="cpu").cpu_env or ()))
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(packages), str(REPO)])
     env.setdefault("OMP_NUM_THREADS", "1")
+    log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s Megatron layout ({jobs} at a time)")
+    return run_builder(python, "ascend_rl.harness.fake_ranks", spec, env, cached)
+
+
+def run_builder(python: Path, module: str, spec: dict, env: dict, cached: Path) -> dict:
+    """`python -m module SPEC OUT` (a builder: fake_ranks, fake_fsdp) in `env`; its result, written to `cached`."""
     with tempfile.TemporaryDirectory(prefix="shape-check-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s Megatron layout ({jobs} at a time)")
         t0 = time.monotonic()
         proc = subprocess.run(
-            [str(python), "-m", "ascend_rl.harness.fake_ranks", str(spec_path), str(out_path)],
+            [str(python), "-m", module, str(spec_path), str(out_path)],
             cwd=REPO,
             env=env,
             capture_output=True,

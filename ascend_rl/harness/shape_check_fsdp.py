@@ -11,14 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 from ascend_rl import artifacts, manifest
 from ascend_rl import memory_plan as mp
-from ascend_rl.harness.shape_check import HERE, ShapeCheckError, Target, cpu_tree, write_model_dir
+from ascend_rl.harness.shape_check import (
+    HERE,
+    ShapeCheckError,
+    Target,
+    cpu_tree,
+    run_builder,
+    write_model_dir,
+)
+from ascend_rl.paths import REPO
 
 F = "actor_rollout_ref.actor.fsdp_config."
 FIELDS = ("weights", "gradients", "optimizer_states")
@@ -70,26 +75,10 @@ def build(t: Target, ranks: list[int], jobs: int, use_cache: bool, log=print) ->
         return json.loads(cached.read_text())
     env = dict(os.environ)
     env.update(dict(manifest.resolve_launch(t.recipe, t.base, profile="cpu").cpu_env or ()))
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(HERE.parent.parent)])
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(REPO)])
     env.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory(prefix="shape-check-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s FSDP2 actor ({jobs} at a time)")
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [str(python), "-m", "ascend_rl.harness.fake_fsdp", str(spec_path), str(out_path)],
-            cwd=HERE.parent.parent, env=env, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
-        if proc.returncode != 0 or not out_path.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ShapeCheckError(f"the builder failed (exit {proc.returncode}): {tail[0]}")
-        result = json.loads(out_path.read_text())
-    result["wall_s"] = round(time.monotonic() - t0, 1)
-    tmp_cache = cached.with_suffix(".tmp")
-    tmp_cache.write_text(json.dumps(result, indent=1))
-    os.replace(tmp_cache, cached)
-    return result
+    log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s FSDP2 actor ({jobs} at a time)")
+    return run_builder(python, "ascend_rl.harness.fake_fsdp", spec, env, cached)
 
 
 def built_figures(row: dict) -> dict[str, int]:
