@@ -23,6 +23,10 @@ hf_to_mcore_config, then get_model with init_mcore_model, in the e2e environment
 the download cache by a key of the build's inputs (config, layout, settings, the builder's and megatron's sources);
 --no-cache builds again.
 
+An FSDP2 launch on verl 0.9.1 (actor.strategy=fsdp2) is handed to shape_check_fsdp.py: every rank built by verl's
+own apply_fsdp2 on the meta device (fake_fsdp.py) and compared with memory_plan's per-rank FSDP2 figures. FSDP1
+(actor.strategy=fsdp, the Qwen launchers' default) is refused in one line: not built.
+
 Exit status: 0 every rank class built and equal to the plan; 1 refused by megatron-core, or a figure differs; 2 usage.
 """
 
