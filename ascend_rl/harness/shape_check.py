@@ -23,6 +23,10 @@ hf_to_mcore_config, then get_model with init_mcore_model, in the e2e environment
 the download cache by a key of the build's inputs (config, layout, settings, the builder's and megatron's sources);
 --no-cache builds again.
 
+An FSDP2 launch on verl 0.9.1 (actor.strategy=fsdp2) is handed to shape_check_fsdp.py: every rank built by verl's
+own apply_fsdp2 on the meta device (fake_fsdp.py) and compared with memory_plan's per-rank FSDP2 figures. FSDP1
+(actor.strategy=fsdp, the Qwen launchers' default) is refused in one line: not built.
+
 Exit status: 0 every rank class built and equal to the plan; 1 refused by megatron-core, or a figure differs; 2 usage.
 """
 
@@ -76,10 +80,17 @@ def target_from_plan(plan: dict) -> Target:
     """The launch of a dry run's JSON plan."""
     settings = mp.settings_from_plan(plan)
     base = str((plan.get("verl") or {}).get("version") or "")
-    if str(settings["actor_rollout_ref.actor.strategy"]) != "megatron":
+    strategy = str(settings["actor_rollout_ref.actor.strategy"])
+    if strategy == "fsdp":
         raise ShapeCheckError(
-            "the launch's actor is FSDP, not Megatron: there is no pipeline layout to build (its shards are "
-            "memory_plan's fsdp2_shards; python3 -m ascend_rl plan_memory shows them)"
+            "the launch's actor is FSDP1 (actor.strategy=fsdp: verl's engine wraps it in FullyShardedDataParallel's "
+            "flat parameters), which the check does not build; it builds FSDP2 (actor_rollout_ref.actor.strategy="
+            "fsdp2) and Megatron launches"
+        )
+    if strategy == "fsdp2" and base not in ENGINE_BASES:
+        raise ShapeCheckError(
+            f"the check builds FSDP2 as verl {', '.join(ENGINE_BASES)}'s FSDP engine shards it, not verl {base}'s "
+            "legacy workers (their shard_placement_fn); memory_plan's fsdp2_shards plans them"
         )
     try:
         model, _ = mp.model_config(settings.get("actor_rollout_ref.model.path"))
@@ -274,13 +285,18 @@ def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, l
     env.update(dict(manifest.resolve_launch(t.recipe, t.base, profile="cpu").cpu_env or ()))
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(packages), str(REPO)])
     env.setdefault("OMP_NUM_THREADS", "1")
+    log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s Megatron layout ({jobs} at a time)")
+    return run_builder(python, "ascend_rl.harness.fake_ranks", spec, env, cached)
+
+
+def run_builder(python: Path, module: str, spec: dict, env: dict, cached: Path) -> dict:
+    """`python -m module SPEC OUT` (a builder: fake_ranks, fake_fsdp) in `env`; its result, written to `cached`."""
     with tempfile.TemporaryDirectory(prefix="shape-check-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        log(f"shape_check: building {len(ranks)} ranks of verl {t.base}'s Megatron layout ({jobs} at a time)")
         t0 = time.monotonic()
         proc = subprocess.run(
-            [str(python), "-m", "ascend_rl.harness.fake_ranks", str(spec_path), str(out_path)],
+            [str(python), "-m", module, str(spec_path), str(out_path)],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -449,6 +465,13 @@ def rollout_line(t: Target) -> str:
 
 def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
     """Check `t`: (exit status, report)."""
+    if str(t.settings["actor_rollout_ref.actor.strategy"]) == "fsdp2":
+        from ascend_rl.harness import shape_check_fsdp
+
+        try:
+            return shape_check_fsdp.run(t, jobs, use_cache, log)
+        except shape_check_fsdp.ShapeCheckError as exc:  # this module's class when run as __main__
+            raise ShapeCheckError(str(exc)) from None
     from ascend_rl.preflight.shape import shape_problem_check
 
     report: dict[str, Any] = {"base": t.base, "recipe": t.recipe}

@@ -1,0 +1,149 @@
+"""Build ranks of a launch's FSDP2 actor on one CPU, as verl 0.9.1's FSDP engine shards it: the shape check's builder
+for FSDP launches (ascend_rl/harness/shape_check.py runs it; not a user command).
+
+    python -m ascend_rl.harness.fake_fsdp SPEC.json OUT.json
+
+Run in verl 0.9.1's e2e environment with the recipe's CPU verl tree on PYTHONPATH and the base's CPU environment
+(VERL_PLATFORM=cpu ...). SPEC (JSON): model_dir (a folder with config.json), world, fsdp_size, model_dtype,
+wrap_policy, reshard_after_forward, ranks: [rank, ...], jobs.
+
+The modules are imported once; then each rank is built in a process of its own (a fork, `jobs` at a time), with
+torch.distributed's fake backend at the launch's world size: the Hugging Face model from its config on the meta device
+at the engine's model dtype (engine/fsdp/transformer_impl.py:_build_module: fsdp_config.model_dtype, fp32 for
+training when unset), verl's own create_device_mesh (engine/fsdp/utils.py) and verl's own apply_fsdp2
+(utils/fsdp_utils.py: fully_shard on each decoder layer, then on the model), with the kwargs the engine passes
+(transformer_impl.py:450-472). Per rank OUT holds each parameter's local shard (DTensor.to_local().numel(), the view
+the optimizer sees) and its stored shard (FSDPParam._sharded_param_data, padded to the first rank's rows), their
+sums, the parameters' dtype; or the error the build raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def build_rank(spec: dict, rank: int) -> dict:
+    """One rank, in this process: what its FSDP2 shards hold."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from verl.utils.fsdp_utils import apply_fsdp2
+    from verl.utils.torch_dtypes import PrecisionType
+    from verl.workers.engine.fsdp.utils import create_device_mesh
+
+    t0 = time.monotonic()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec["world"])
+    hf_config = AutoConfig.from_pretrained(spec["model_dir"])
+    dtype = PrecisionType.to_dtype(spec["model_dtype"] or "fp32")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=dtype)
+    model.to(dtype)  # the engine's own cast: "some parameters may not in torch_dtype"
+    mesh = create_device_mesh(world_size=spec["world"], fsdp_size=spec["fsdp_size"])
+    # the engine's mixed precision (transformer_impl.py:389-401: param bf16, reduce and buffers fp32 by default)
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True
+    )
+    kwargs = {
+        "mesh": mesh,
+        "mp_policy": mp_policy,
+        "offload_policy": None,
+        "reshard_after_forward": bool(spec["reshard_after_forward"]),
+    }
+    apply_fsdp2(model, kwargs, {"wrap_policy": spec.get("wrap_policy") or {}})
+    stored = {}
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            for fp in group.fsdp_params if group else ():
+                stored[id(fp.sharded_param)] = int(fp._sharded_param_data.numel())
+    params = []
+    for name, param in model.named_parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        params.append(
+            {
+                "name": name,
+                "shape": list(param.shape),
+                "local": int(local.numel()),
+                "stored": stored.get(id(param), int(local.numel())),
+                "dtype": str(param.dtype).replace("torch.", ""),
+            }
+        )
+    return {
+        "rank": rank,
+        "params": params,
+        "local": sum(p["local"] for p in params),
+        "stored": sum(p["stored"] for p in params),
+        "element_size": next(model.parameters()).element_size(),
+        "wall_s": round(time.monotonic() - t0, 2),
+    }
+
+
+def _child(spec: dict, rank: int, path: Path) -> None:
+    try:
+        result = build_rank(spec, rank)
+    except BaseException as exc:  # noqa: BLE001 - whatever fully_shard raises, in its own words
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}"
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        result = {"rank": rank, "error": f"{type(exc).__name__}: {said}", "where": where}
+    path.write_text(json.dumps(result))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr if len(argv) != 1 else sys.stdout)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    from ascend_rl.harness.fake_ranks import RANK_TIMEOUT_S, _wait_one
+
+    spec = json.loads(Path(argv[0]).read_text())
+    out_path = Path(argv[1])
+    t0 = time.monotonic()
+    # the imports, once: every child inherits them
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM  # noqa: F401
+    from verl.utils.fsdp_utils import apply_fsdp2  # noqa: F401
+
+    imported = time.monotonic() - t0
+    work = out_path.with_suffix(".ranks")
+    work.mkdir(parents=True, exist_ok=True)
+    pending = [int(r) for r in spec["ranks"]]
+    running: dict[int, tuple[int, Path]] = {}
+    results = []
+    jobs = max(1, int(spec.get("jobs") or 1))
+    while pending or running:
+        while pending and len(running) < jobs:
+            rank = pending.pop(0)
+            path = work / f"fsdp-{rank}.json"
+            path.unlink(missing_ok=True)
+            pid = os.fork()
+            if pid == 0:  # the child: one rank, then out without the parent's clean-up
+                try:
+                    _child(spec, rank, path)
+                finally:
+                    os._exit(0)
+            running[pid] = (rank, path)
+            print(f"fake_fsdp: building rank {rank}", file=sys.stderr, flush=True)
+        pid, status = _wait_one(running, deadline=time.monotonic() + RANK_TIMEOUT_S)
+        rank, path = running.pop(pid)
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+        else:
+            results.append({"rank": rank, "error": f"the build process died (wait status {status})"})
+    import torch as _torch
+
+    result = {"imports_s": round(imported, 2), "torch": _torch.__version__, "ranks": results}
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
