@@ -97,10 +97,11 @@ def _child(spec: dict, rank: int, path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr if len(argv) != 1 else sys.stdout)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    from ascend_rl.harness.fake_ranks import RANK_TIMEOUT_S, _wait_one
+    from ascend_rl.harness.fake_ranks import RANK_TIMEOUT_S, _wait_one, usage_status
+
+    status = usage_status(argv, __doc__)
+    if status is not None:
+        return status
 
     spec = json.loads(Path(argv[0]).read_text())
     out_path = Path(argv[1])

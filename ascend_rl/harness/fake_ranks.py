@@ -273,10 +273,19 @@ def _wait_one(running: dict, deadline: float) -> tuple[int, int]:
         time.sleep(0.05)
 
 
+def usage_status(argv: list[str], doc: str) -> int | None:
+    """A builder's command line (SPEC OUT): None when it is one, else the exit status after the usage line (0 for
+    --help, 2 otherwise)."""
+    if len(argv) == 2 and argv[0] not in ("-h", "--help"):
+        return None
+    print(doc.split("\n\n")[1].strip(), file=sys.stderr if len(argv) != 1 else sys.stdout)
+    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr if len(argv) != 1 else sys.stdout)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    status = usage_status(argv, __doc__)
+    if status is not None:
+        return status
     spec = json.loads(Path(argv[0]).read_text())
     out_path = Path(argv[1])
     t0 = time.monotonic()

@@ -245,6 +245,13 @@ def cpu_tree(recipe: str, base: str) -> Path:
     return tree
 
 
+def build_inputs(t: Target) -> tuple[Path, Path, Path]:
+    """(the cache folder, the model's config folder, the CPU verl tree) a build of `t` reads."""
+    root = artifacts.cache_dir() / "shape-check"
+    root.mkdir(parents=True, exist_ok=True)
+    return root, write_model_dir(t.model, root), cpu_tree(t.recipe, t.base)
+
+
 def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, log=print) -> dict:
     """fake_ranks.py's result for `ranks` (cached)."""
     from ascend_rl.harness.launch import HarnessError, base_python
@@ -267,10 +274,7 @@ def build(t: Target, ranks: list[tuple[int, str]], jobs: int, use_cache: bool, l
             python = base_python(t.base)
         except HarnessError as exc:
             raise ShapeCheckError(str(exc)) from None
-    root = artifacts.cache_dir() / "shape-check"
-    root.mkdir(parents=True, exist_ok=True)
-    model_dir = write_model_dir(t.model, root)
-    tree = cpu_tree(t.recipe, t.base)
+    root, model_dir, tree = build_inputs(t)
     # the 0.6.0 / 0.7.1 stack is MEGATRON_STACKS[None] (constraints.txt: megatron-core 0.12.1)
     packages = artifacts.megatron_packages(python, None if worker else t.base)
     spec = launch_spec(t, model_dir, ranks, jobs)
@@ -448,6 +452,16 @@ def table(built: dict[tuple[int, str], RankFigures], planned_te: dict[tuple[int,
     return "\n".join(rows)
 
 
+def disagree(diffs: list[str], report: dict, log) -> bool:
+    """Record the figures where the build and the plan differ; say each, and whether there were any."""
+    report["differences"] = diffs
+    for line in diffs:
+        log(f"  differs: {line}")
+    if diffs:
+        log(f"shape_check: the build and the plan disagree on {len(diffs)} figures")
+    return bool(diffs)
+
+
 def rollout_line(t: Target) -> str:
     """The rollout's weights per rank: the plan's (vLLM's weight loaders' shard rules: memory_plan's rollout weights
     term), not built -- vLLM's model classes need its engine's distributed state and config."""
@@ -501,12 +515,7 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
         f"{result.get('megatron_core', '?')}; split {list(split)}")  # fmt: skip
     log(table(built, te))
     log(rollout_line(t))
-    diffs = compare(built, planned)
-    report["differences"] = diffs
-    if diffs:
-        for line in diffs:
-            log(f"  differs: {line}")
-        log(f"shape_check: the build and the plan disagree on {len(diffs)} figures")
+    if disagree(compare(built, planned), report, log):
         return 1, report
     delta = max(te[k].weights - planned[k].weights for k in planned if k[1] == "actor")
     log(

@@ -13,15 +13,15 @@ import json
 import os
 from pathlib import Path
 
-from ascend_rl import artifacts, manifest
+from ascend_rl import manifest
 from ascend_rl import memory_plan as mp
 from ascend_rl.harness.shape_check import (
     HERE,
     ShapeCheckError,
     Target,
-    cpu_tree,
+    build_inputs,
+    disagree,
     run_builder,
-    write_model_dir,
 )
 from ascend_rl.paths import REPO
 
@@ -57,10 +57,7 @@ def build(t: Target, ranks: list[int], jobs: int, use_cache: bool, log=print) ->
         python = base_python(t.base)
     except HarnessError as exc:
         raise ShapeCheckError(str(exc)) from None
-    root = artifacts.cache_dir() / "shape-check"
-    root.mkdir(parents=True, exist_ok=True)
-    model_dir = write_model_dir(t.model, root)
-    tree = cpu_tree(t.recipe, t.base)
+    root, model_dir, tree = build_inputs(t)
     spec = fsdp_spec(t, model_dir, ranks, jobs)
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode() + str(python.resolve()).encode())
     for path in (
@@ -146,12 +143,7 @@ def run(t: Target, jobs: int, use_cache: bool, log=print) -> tuple[int, dict]:
             f"{r['rank']:>5}{r['stored'] / 1e6:>12.1f}{r['local'] / 1e6:>11.1f}{b['weights'] / unit:>10.2f}"
             f"{b['gradients'] / unit:>9.2f}{b['optimizer_states'] / unit:>11.2f}"
         )
-    diffs = compare(built, planned)
-    report["differences"] = diffs
-    if diffs:
-        for line in diffs:
-            log(f"  differs: {line}")
-        log(f"shape_check: the build and the plan disagree on {len(diffs)} figures")
+    if disagree(compare(built, planned), report, log):
         return 1, report
     log("shape_check: every FSDP2 rank built; its weights, gradients and optimizer bytes equal the plan's")
     return 0, report
