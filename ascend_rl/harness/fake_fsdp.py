@@ -20,10 +20,8 @@ sums, the parameters' dtype; or the error the build raised.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 
@@ -85,19 +83,8 @@ def build_rank(spec: dict, rank: int) -> dict:
     }
 
 
-def _child(spec: dict, rank: int, path: Path) -> None:
-    try:
-        result = build_rank(spec, rank)
-    except BaseException as exc:  # noqa: BLE001 - whatever fully_shard raises, in its own words
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        where = f"{'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}"
-        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        result = {"rank": rank, "error": f"{type(exc).__name__}: {said}", "where": where}
-    path.write_text(json.dumps(result))
-
-
 def main(argv: list[str]) -> int:
-    from ascend_rl.harness.fake_ranks import RANK_TIMEOUT_S, _wait_one, usage_status
+    from ascend_rl.harness.fake_ranks import fork_each, usage_status, write_result
 
     status = usage_status(argv, __doc__)
     if status is not None:
@@ -112,37 +99,17 @@ def main(argv: list[str]) -> int:
     from verl.utils.fsdp_utils import apply_fsdp2  # noqa: F401
 
     imported = time.monotonic() - t0
-    work = out_path.with_suffix(".ranks")
-    work.mkdir(parents=True, exist_ok=True)
-    pending = [int(r) for r in spec["ranks"]]
-    running: dict[int, tuple[int, Path]] = {}
-    results = []
-    jobs = max(1, int(spec.get("jobs") or 1))
-    while pending or running:
-        while pending and len(running) < jobs:
-            rank = pending.pop(0)
-            path = work / f"fsdp-{rank}.json"
-            path.unlink(missing_ok=True)
-            pid = os.fork()
-            if pid == 0:  # the child: one rank, then out without the parent's clean-up
-                try:
-                    _child(spec, rank, path)
-                finally:
-                    os._exit(0)
-            running[pid] = (rank, path)
-            print(f"fake_fsdp: building rank {rank}", file=sys.stderr, flush=True)
-        pid, status = _wait_one(running, deadline=time.monotonic() + RANK_TIMEOUT_S)
-        rank, path = running.pop(pid)
-        if path.is_file():
-            results.append(json.loads(path.read_text()))
-        else:
-            results.append({"rank": rank, "error": f"the build process died (wait status {status})"})
+    jobs = [{"rank": int(r)} for r in spec["ranks"]]
+    results = fork_each(
+        lambda rank: build_rank(spec, rank),
+        jobs,
+        out_path.with_suffix(".ranks"),
+        int(spec.get("jobs") or 1),
+        "fake_fsdp",
+    )
     import torch as _torch
 
-    result = {"imports_s": round(imported, 2), "torch": _torch.__version__, "ranks": results}
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out_path)
+    write_result(out_path, {"imports_s": round(imported, 2), "torch": _torch.__version__, "ranks": results})
     return 0
 
 

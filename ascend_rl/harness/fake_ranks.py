@@ -242,16 +242,59 @@ def _owned_by_dp_rank(buf) -> list[int]:
     return owned
 
 
-def _child(spec: dict, rank: int, role: str, path: Path) -> None:
+def _one_rank(build, job: dict, path: Path) -> None:
+    """A forked child's work: build(**job) written to `path`, or what was raised, in one line with where."""
     try:
-        build = build_rank_worker if spec.get("builder") == "worker" else build_rank
-        result = build(spec, rank, role)
-    except BaseException as exc:  # noqa: BLE001 - megatron-core refuses with AssertionError and ValueError alike
+        result = build(**job)
+    except BaseException as exc:  # noqa: BLE001 - megatron-core / fully_shard refuse with any exception type
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}"
         said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        result = {"rank": rank, "role": role, "error": f"{type(exc).__name__}: {said}", "where": where}
+        result = {**_ident(job), "error": f"{type(exc).__name__}: {said}", "where": where}
     path.write_text(json.dumps(result))
+
+
+def _ident(job: dict) -> dict:
+    """What names a job in its result row (its rank, and its role where it has one)."""
+    return {k: job[k] for k in ("rank", "role") if k in job}
+
+
+def fork_each(build, jobs: list[dict], work: Path, parallel: int, label: str) -> list[dict]:
+    """build(**job) for each job, each in a forked process of its own (the parent's imports inherited), `parallel`
+    at a time: their result rows, a row naming the wait status for a process that died or ran past RANK_TIMEOUT_S."""
+    work.mkdir(parents=True, exist_ok=True)
+    pending = list(jobs)
+    running: dict[int, tuple[dict, Path]] = {}
+    results = []
+    while pending or running:
+        while pending and len(running) < max(1, parallel):
+            job = pending.pop(0)
+            name = "-".join(str(v) for v in reversed(_ident(job).values()))
+            path = work / f"{name}.json"
+            path.unlink(missing_ok=True)
+            pid = os.fork()
+            if pid == 0:  # the child: one rank, then out without the parent's clean-up
+                try:
+                    _one_rank(build, job, path)
+                finally:
+                    os._exit(0)
+            running[pid] = (job, path)
+            what = " ".join(x for x in (job.get("role"), "rank", str(job["rank"])) if x)
+            print(f"{label}: building {what}", file=sys.stderr, flush=True)
+        pid, status = _wait_one(running, deadline=time.monotonic() + RANK_TIMEOUT_S)
+        job, path = running.pop(pid)
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+        else:
+            results.append({**_ident(job), "error": f"the build process died (wait status {status})"})
+    return results
+
+
+def write_result(out_path: Path, result: dict) -> None:
+    """The builder's report, written whole or not at all."""
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out_path)
 
 
 # a rank that has not built by then is stopped (a fork of a threaded process can hang): its row says so
@@ -308,39 +351,18 @@ def main(argv: list[str]) -> int:
         cpu_compat.import_megatron_bridge()
     fake_megatron.sequence_parallel_torch_norm()
     imported = time.monotonic() - t0
-    work = out_path.with_suffix(".ranks")
-    work.mkdir(parents=True, exist_ok=True)
-    pending = [(int(r), str(role)) for r, role in spec["ranks"]]
-    running: dict[int, tuple[int, str, Path]] = {}
-    results = []
-    jobs = max(1, int(spec.get("jobs") or 1))
-    while pending or running:
-        while pending and len(running) < jobs:
-            rank, role = pending.pop(0)
-            path = work / f"{role}-{rank}.json"
-            path.unlink(missing_ok=True)
-            pid = os.fork()
-            if pid == 0:  # the child: one rank, then out without the parent's clean-up
-                try:
-                    _child(spec, rank, role, path)
-                finally:
-                    os._exit(0)
-            running[pid] = (rank, role, path)
-            print(f"fake_ranks: building {role} rank {rank}", file=sys.stderr, flush=True)
-        pid, status = _wait_one(running, deadline=time.monotonic() + RANK_TIMEOUT_S)
-        rank, role, path = running.pop(pid)
-        if path.is_file():
-            results.append(json.loads(path.read_text()))
-        else:
-            results.append(
-                {"rank": rank, "role": role, "error": f"the build process died (wait status {status})"}
-            )
-    tmp = out_path.with_suffix(".tmp")
+    worker = spec.get("builder") == "worker"
+
+    def build(rank: int, role: str) -> dict:
+        return (build_rank_worker if worker else build_rank)(spec, rank, role)
+
+    jobs = [{"rank": int(r), "role": str(role)} for r, role in spec["ranks"]]
+    results = fork_each(build, jobs, out_path.with_suffix(".ranks"), int(spec.get("jobs") or 1), "fake_ranks")
     from megatron.core.package_info import __version__ as megatron_core
 
-    result = {"imports_s": round(imported, 2), "megatron_core": megatron_core, "ranks": results}
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out_path)
+    write_result(
+        out_path, {"imports_s": round(imported, 2), "megatron_core": megatron_core, "ranks": results}
+    )
     return 0
 
 
